@@ -1,0 +1,1 @@
+"""Example recipes and their plugins (importable as ``examples.<name>.plugin:Object``)."""

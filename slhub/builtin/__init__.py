@@ -1,0 +1,1 @@
+"""Built-in policy plugins, registered on every run with ``trylast=True`` defaults."""

@@ -1,0 +1,97 @@
+"""Command line: parse arguments, call the library, map SlhubError to one line and exit 2.
+
+    slhub train --config RECIPE.yaml [--set a.b=VALUE ...] [--resume CKPT] [--log-format json]
+    slhub plugins
+    slhub inspect CKPT
+    slhub export --checkpoint CKPT --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from slhub.errors import SlhubError
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors are one line and exit 2 like every other bad input."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"slhub: error: {message} (see `slhub {self.prog.split()[-1]} --help`)", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="slhub", description="Supervised robot learning with plugins.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    train = sub.add_parser("train", help="train a recipe (alone or under torchrun)")
+    train.add_argument("--config", required=True, help="recipe YAML file")
+    train.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="override a recipe key (repeatable; the later one wins; values are YAML scalars)",
+    )
+    train.add_argument("--resume", metavar="CKPT", help="continue from a checkpoint")
+    train.add_argument("--log-format", choices=("console", "json"), default="console")
+
+    sub.add_parser("plugins", help="list built-in and installed plugins and their hooks")
+
+    inspect = sub.add_parser("inspect", help="describe a checkpoint")
+    inspect.add_argument("checkpoint", metavar="CKPT")
+
+    export = sub.add_parser("export", help="export a checkpoint for inference")
+    export.add_argument("--checkpoint", required=True, metavar="CKPT")
+    export.add_argument("--out", required=True, metavar="DIR")
+    return parser
+
+
+def _train(args: argparse.Namespace) -> None:
+    from slhub.trainer import train
+
+    train(args.config, args.overrides, resume=args.resume, log_format=args.log_format)
+
+
+def _plugins(_: argparse.Namespace) -> None:
+    from slhub.registry import list_plugins
+
+    for row in list_plugins():
+        dist = f"{row.dist} {row.version}" if row.dist else "-"
+        hooks = ", ".join(row.hooks) if row.error is None else f"BROKEN: {row.error}"
+        print(f"{row.name:<20} {row.kind:<9} {dist:<28} {hooks}")
+
+
+def _inspect(args: argparse.Namespace) -> None:
+    from slhub.inspection import describe
+
+    print(describe(args.checkpoint))
+
+
+def _export(args: argparse.Namespace) -> None:
+    from slhub.exporting import run_export
+
+    out = run_export(args.checkpoint, args.out)
+    print(f"exported {args.checkpoint} to {out}")
+
+
+COMMANDS = {"train": _train, "plugins": _plugins, "inspect": _inspect, "export": _export}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        COMMANDS[args.command](args)
+    except SlhubError as exc:
+        print(f"slhub: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("slhub: interrupted", file=sys.stderr)
+        return 130
+    return 0

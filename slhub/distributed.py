@@ -1,0 +1,175 @@
+"""Process group, device choice, and the collectives of the step protocol.
+
+One worker per device: NCCL on ``cuda:LOCAL_RANK`` when CUDA is chosen, Gloo on
+CPU. Without torchrun's environment everything runs in one process with no
+process group, and the collectives below degrade to local arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from slhub.errors import RankFailure, SlhubError
+
+#: Phases a rank-local failure can happen in; the code is the index + 1.
+PHASES: tuple[str, ...] = (
+    "admission",
+    "sampling",
+    "objective",
+    "non-finite loss",
+    "validation",
+    "checkpoint I/O",
+)
+
+
+def launched_by_torchrun() -> bool:
+    """True when torchrun's environment variables are present."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR"))
+
+
+def resolve_device(choice: str = "auto") -> torch.device:
+    """The device for this worker: ``cuda:LOCAL_RANK`` or CPU."""
+    if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise SlhubError("trainer.device is 'cuda' but no CUDA device is visible")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if local_rank >= torch.cuda.device_count():
+        raise SlhubError(
+            f"LOCAL_RANK {local_rank} has no device: only {torch.cuda.device_count()} "
+            "visible in CUDA_VISIBLE_DEVICES"
+        )
+    return torch.device("cuda", local_rank)
+
+
+def env_rank() -> int:
+    """This worker's global rank from torchrun's environment (0 when absent)."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def env_world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+@contextmanager
+def distributed_run(device: str = "auto", timeout_s: float = 600.0) -> Iterator[torch.device]:
+    """Initialize the process group under torchrun and yield this worker's device.
+
+    All ranks must enter this scope. It destroys only a group it created: a
+    process group that exists on entry stays the caller's to destroy.
+    """
+    resolved = resolve_device(device)
+    created = False
+    if launched_by_torchrun() and not dist.is_initialized():
+        if resolved.type == "cuda":
+            torch.cuda.set_device(resolved)
+        dist.init_process_group(
+            backend="nccl" if resolved.type == "cuda" else "gloo",
+            timeout=timedelta(seconds=timeout_s),
+            device_id=resolved if resolved.type == "cuda" else None,
+        )
+        created = True
+    try:
+        yield resolved
+    finally:
+        if created and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """What every rank learns from one update's agreement collective."""
+
+    total_weight: float
+    weighted_loss_sum: float
+    failures: tuple[tuple[int, str], ...]
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.failures)
+
+
+def agree(
+    weight: float, weighted_loss: float, failure_phase: str | None, device: torch.device
+) -> Agreement:
+    """The one all-reduce per update: weight sum, weighted loss sum, every rank's failure.
+
+    Layout: ``[sum w_r, sum w_r * L_r, phase_code_0, ..., phase_code_{N-1}]`` in
+    float64; each rank writes only its own phase slot, so the sum tells every
+    rank who failed and where.
+    """
+    n = world_size()
+    me = rank()
+    buf = torch.zeros(2 + n, dtype=torch.float64)
+    if failure_phase is None:
+        buf[0] = weight
+        buf[1] = weighted_loss
+    else:
+        buf[2 + me] = PHASES.index(failure_phase) + 1
+    if dist.is_initialized():
+        buf = buf.to(device)
+        dist.all_reduce(buf)
+        buf = buf.cpu()
+    values = buf.tolist()
+    failures = tuple(
+        (r, PHASES[int(code) - 1]) for r, code in enumerate(values[2:]) if int(code) > 0
+    )
+    return Agreement(values[0], values[1], failures)
+
+
+def raise_agreed_failure(agreement: Agreement, local_error: BaseException | None) -> None:
+    """Raise the same :class:`RankFailure` on every rank, naming origin rank and phase."""
+    origin, phase = agreement.failures[0]
+    others = "".join(f"; rank {r} also failed ({p})" for r, p in agreement.failures[1:])
+    if origin == rank() and local_error is not None:
+        detail = " ".join(str(local_error).split()) or local_error.__class__.__name__
+        if not isinstance(local_error, SlhubError):
+            detail = f"{local_error.__class__.__name__}: {detail}"
+        cause = f": {detail}"
+    else:
+        cause = " (details in that rank's log)"
+    raise RankFailure(
+        f"rank {origin} failed during {phase}{cause}{others}", origin_rank=origin, phase=phase
+    )
+
+
+def finite(value: float) -> bool:
+    return math.isfinite(value)
+
+
+def gather_to_rank0(obj: Any) -> list[Any] | None:
+    """Every rank's object on rank 0 (a list by rank); None elsewhere.
+
+    Only rank 0 holds world-size copies; other ranks hold their own only.
+    """
+    if not dist.is_initialized():
+        return [obj]
+    out: list[Any] | None = [None] * world_size() if rank() == 0 else None
+    dist.gather_object(obj, out, dst=0)
+    return out
+
+
+def broadcast_from_rank0(obj: Any) -> Any:
+    """Rank 0's object on every rank."""
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

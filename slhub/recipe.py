@@ -1,0 +1,221 @@
+"""Recipes: YAML files validated by pydantic, with ``--set a.b=VALUE`` overrides.
+
+A recipe has a top-level ``plugin`` (the model plugin), a ``trainer`` section
+validated here, and any number of sections owned by plugins (declared through
+the ``recipe_sections`` hook). Every error becomes one :class:`RecipeError` line
+that names the file and the field path, e.g.
+``examples/sl_ddp/cpu.yaml: trainer.batch_size: must be > 0``.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from slhub.errors import RecipeError
+
+#: Trainer keys that may differ between a checkpoint's recipe and a resumed run's.
+RESUMABLE_KEYS: frozenset[str] = frozenset({"trainer.output_dir", "trainer.steps"})
+
+
+class TrainerConfig(BaseModel):
+    """The core's recipe section (docs/recipes.md documents every key)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    steps: int = Field(gt=0)
+    batch_size: int = Field(gt=0)
+    lr: float = Field(gt=0)
+    seed: int = Field(default=0, ge=0)
+    validate_every: int = Field(default=0, ge=0)
+    save_every: int = Field(default=0, ge=0)
+    output_dir: str = Field(min_length=1)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    timeout_s: float = Field(default=600.0, gt=0)
+
+
+class RecipeHead(BaseModel):
+    """The keys the core owns; the rest are plugin sections."""
+
+    model_config = ConfigDict(extra="allow")
+
+    plugin: str = Field(min_length=1)
+    trainer: TrainerConfig
+
+
+class Recipe:
+    """A validated recipe: the raw mapping, the trainer section and plugin sections."""
+
+    def __init__(self, source: str, data: dict[str, Any], head: RecipeHead) -> None:
+        self.source = source
+        self.data = data
+        self.plugin = head.plugin
+        self.trainer = head.trainer
+        self.sections: dict[str, BaseModel] = {}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The recipe as plain data, with the trainer section's defaults filled in."""
+        data = copy.deepcopy(self.data)
+        data["trainer"] = self.trainer.model_dump()
+        for name, section in self.sections.items():
+            data[name] = section.model_dump(mode="json")
+        return data
+
+    def digest(self) -> str:
+        """sha256 of the recipe without the keys a resume may change."""
+        return recipe_digest(self.to_dict())
+
+    def validate_sections(self, models: dict[str, type[BaseModel]]) -> None:
+        """Validate every plugin-owned section; reject sections no plugin owns."""
+        for key in self.data:
+            if key in ("plugin", "trainer"):
+                continue
+            if key not in models:
+                owned = ", ".join(sorted(models)) or "none"
+                raise RecipeError(
+                    f"{self.source}: {key}: unknown key (plugin {self.plugin!r} owns: {owned})"
+                )
+        for name, model in models.items():
+            raw = self.data.get(name, {})
+            if raw is None:
+                raw = {}
+            try:
+                self.sections[name] = model.model_validate(raw)
+            except ValidationError as exc:
+                raise RecipeError(format_validation_error(self.source, exc, prefix=name)) from None
+
+
+def recipe_digest(data: dict[str, Any]) -> str:
+    """Digest of a recipe mapping, ignoring ``RESUMABLE_KEYS``."""
+    comparable = copy.deepcopy(data)
+    trainer = comparable.get("trainer", {})
+    for key in RESUMABLE_KEYS:
+        trainer.pop(key.split(".", 1)[1], None)
+    blob = json.dumps(comparable, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def recipe_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Field paths whose values differ between two recipes, ignoring ``RESUMABLE_KEYS``."""
+    out: list[str] = []
+
+    def walk(a: Any, b: Any, path: str) -> None:
+        if path in RESUMABLE_KEYS:
+            return
+        if isinstance(a, dict) and isinstance(b, dict):
+            for key in sorted(set(a) | set(b), key=str):
+                walk(a.get(key, _MISSING), b.get(key, _MISSING), f"{path}.{key}" if path else key)
+        elif a != b:
+            out.append(f"{path} ({_show(a)} -> {_show(b)})")
+
+    walk(old, new, "")
+    return out
+
+
+_MISSING = object()
+
+
+def _show(value: Any) -> str:
+    return "absent" if value is _MISSING else repr(value)
+
+
+_MESSAGES = {
+    "greater_than": lambda ctx: f"must be > {ctx['gt']}",
+    "greater_than_equal": lambda ctx: f"must be >= {ctx['ge']}",
+    "less_than": lambda ctx: f"must be < {ctx['lt']}",
+    "less_than_equal": lambda ctx: f"must be <= {ctx['le']}",
+    "extra_forbidden": lambda ctx: "unknown key",
+    "missing": lambda ctx: "required key is missing",
+    "literal_error": lambda ctx: f"must be one of {ctx['expected']}",
+    "string_too_short": lambda ctx: "must not be empty",
+}
+
+
+def format_validation_error(source: str, exc: ValidationError, prefix: str = "") -> str:
+    """One line naming the file and every failing field path."""
+    parts = []
+    for error in exc.errors():
+        loc = ".".join(str(p) for p in ((prefix,) if prefix else ()) + tuple(error["loc"]))
+        render = _MESSAGES.get(error["type"])
+        message = render(error.get("ctx", {})) if render else error["msg"].lower()
+        parts.append(f"{loc or '(top level)'}: {message}")
+    return f"{source}: " + "; ".join(parts)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Parse ``a.b=VALUE`` into a key path and a YAML scalar value."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip() or any(not p for p in key.strip().split(".")):
+        raise RecipeError(f"--set {text!r}: expected KEY.PATH=VALUE")
+    try:
+        parsed = yaml.safe_load(value) if value.strip() else ""
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"--set {text!r}: value is not valid YAML ({_first_line(exc)})") from None
+    return key.strip().split("."), parsed
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``--set`` overrides in order (a later one wins) to a copy of ``data``."""
+    data = copy.deepcopy(data)
+    for text in overrides:
+        path, value = parse_override(text)
+        node = data
+        for part in path[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise RecipeError(f"--set {text!r}: {part} is not a section")
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def _first_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def read_recipe_file(path: str | Path) -> dict[str, Any]:
+    """Read a recipe's YAML mapping, with one-line errors for every failure."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise RecipeError(f"{path}: no such recipe file") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise RecipeError(f"{path}: cannot read recipe ({exc.__class__.__name__})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or _first_line(exc)
+        raise RecipeError(f"{path}: YAML syntax error at {where}{problem}") from None
+    if not isinstance(data, dict):
+        raise RecipeError(f"{path}: a recipe must be a YAML mapping, got {type(data).__name__}")
+    return data
+
+
+def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
+    """Read, override and validate the core part of a recipe.
+
+    Plugin-owned sections are validated later by :meth:`Recipe.validate_sections`,
+    once the registry knows which plugin owns which section.
+    """
+    data = apply_overrides(read_recipe_file(path), overrides or [])
+    return recipe_from_dict(data, source=str(path))
+
+
+def recipe_from_dict(data: dict[str, Any], source: str) -> Recipe:
+    """Validate the core part of a recipe mapping (e.g. one stored in a checkpoint)."""
+    try:
+        head = RecipeHead.model_validate(data)
+    except ValidationError as exc:
+        raise RecipeError(format_validation_error(source, exc)) from None
+    return Recipe(source, data, head)
