@@ -7,6 +7,7 @@ process group, and the collectives below degrade to local arithmetic.
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ PHASES: tuple[str, ...] = (
     "non-finite loss",
     "validation",
     "checkpoint I/O",
+    "commit",
 )
 
 
@@ -90,6 +92,9 @@ def distributed_run(device: str = "auto", timeout_s: float = 600.0) -> Iterator[
         yield resolved
     finally:
         if created and dist.is_initialized():
+            # A DistributedDataParallel wrapper still alive (held by a reference cycle)
+            # when the group goes away aborts the process at exit under Gloo.
+            gc.collect()
             dist.destroy_process_group()
 
 

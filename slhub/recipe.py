@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -148,6 +149,9 @@ def format_validation_error(source: str, exc: ValidationError, prefix: str = "")
     return f"{source}: " + "; ".join(parts)
 
 
+_EXPONENT_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """Parse ``a.b=VALUE`` into a key path and a YAML scalar value."""
     key, sep, value = text.partition("=")
@@ -157,6 +161,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         parsed = yaml.safe_load(value) if value.strip() else ""
     except yaml.YAMLError as exc:
         raise RecipeError(f"--set {text!r}: value is not valid YAML ({_first_line(exc)})") from None
+    if isinstance(parsed, str) and _EXPONENT_FLOAT.fullmatch(parsed):
+        parsed = float(parsed)  # YAML 1.1 reads 1e-3 as a string; here it means a number
     return key.strip().split("."), parsed
 
 

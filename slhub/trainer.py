@@ -25,6 +25,7 @@ which stays the original module for validation, saving and export.
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,7 @@ class Trainer:
         rng.seed_everything(rng.derived_seed(self.config.seed, self.rank, "process"))
         self._objective = _Objective(self.model, self)
         self._ddp: DistributedDataParallel | None = None
+        self._buckets_rebuilt = False
 
     # ------------------------------------------------------------------ access
 
@@ -195,6 +197,12 @@ class Trainer:
         scaled.backward()
         if agreed.total_weight > 0:
             self.optimizer.step()
+        if self._ddp is not None and not self._buckets_rebuilt:
+            # DDP rebuilds its gradient buckets with a broadcast inside the forward after
+            # its first backward. Doing it here, where every rank is known healthy, keeps
+            # a rank that fails before its next forward from leaving the others waiting.
+            self._ddp.reducer._rebuild_buckets()
+            self._buckets_rebuilt = True
         self.step = step
         metrics: dict[str, Any] = {
             "step": step,
@@ -203,13 +211,17 @@ class Trainer:
             ),
             "train/weight": agreed.total_weight,
         }
-        metrics.update({f"train/{k}": _scalar(v) for k, v in result.metrics.items()})
-        self.hook.on_commit(trainer=self, step=step, result=result, metrics=metrics)
-        if self.is_main:
-            assert self.metrics is not None
-            self.metrics.append(metrics)
-            if step == 1 or step % max(1, self.config.steps // 10) == 0:
-                LOG.info("update", loss=metrics["train/loss"], weight=agreed.total_weight)
+        try:
+            metrics.update({f"train/{k}": _scalar(v) for k, v in result.metrics.items()})
+            self.hook.on_commit(trainer=self, step=step, result=result, metrics=metrics)
+            if self.is_main:
+                assert self.metrics is not None
+                self.metrics.append(metrics)
+                if step == 1 or step % max(1, self.config.steps // 10) == 0:
+                    LOG.info("update", loss=metrics["train/loss"], weight=agreed.total_weight)
+        except Exception as exc:  # noqa: BLE001 - held for the next agreement
+            LOG.error("commit failed", error=str(exc))
+            self._held = ("commit", exc)
 
     def _exact_zero(self) -> torch.Tensor:
         """A zero loss touching every parameter: DDP still reduces, gradients are exactly 0."""
@@ -224,7 +236,7 @@ class Trainer:
             return
         self._committed = self._gather_committed()
         self._committed_step = step
-        if not self.is_main:
+        if not self.is_main or self._held is not None:
             return
         if validate_now:
             try:
@@ -233,7 +245,7 @@ class Trainer:
                 LOG.error("validation failed", error=str(exc))
                 self._held = ("validation", exc)
                 return
-        if save_now:
+        if save_now and self._committed is not None:  # None: another rank failed to gather
             try:
                 self._write(f"step_{step}.pt")
             except Exception as exc:  # noqa: BLE001 - held for the next agreement
@@ -264,14 +276,33 @@ class Trainer:
     # ------------------------------------------------------------------ saving
 
     def _gather_committed(self) -> list[dict[str, Any]] | None:
-        """Every rank's ``save`` contributions, gathered to rank 0 (a collective)."""
+        """Every rank's ``save`` contributions, gathered to rank 0 (a collective).
+
+        A rank whose contributions fail (a plugin error, a state that cannot be
+        pickled) still joins the gather, with a marker instead of its state, so
+        no rank is left waiting; the error is held for the next agreement and
+        rank 0 writes nothing from this boundary.
+        """
+        try:
+            local: Any = self._local_state()
+        except Exception as exc:  # noqa: BLE001 - held for the next agreement
+            LOG.error("checkpoint state failed", error=str(exc))
+            self._held = self._held or ("checkpoint I/O", exc)
+            local = _FAILED
+        gathered = distributed.gather_to_rank0(local)
+        if gathered is not None and any(entry is _FAILED for entry in gathered):
+            return None
+        return gathered
+
+    def _local_state(self) -> dict[str, Any]:
         local: dict[str, Any] = {}
         for part in self.hook.save(trainer=self):
             for key, value in (part or {}).items():
                 if key in local:
                     raise PluginError(f"two plugins contribute checkpoint key {key!r}")
                 local[key] = value
-        return distributed.gather_to_rank0(local)
+        pickle.dumps(local)  # fail here, on this rank, rather than inside the collective
+        return local
 
     def save(self, name: str | None = None) -> Path | None:
         """Write a checkpoint of the committed state (``step_N.pt`` by default) and last.pt.
@@ -289,7 +320,9 @@ class Trainer:
         return self._write(name or f"step_{self._committed_step}.pt")
 
     def _write(self, name: str) -> Path:
-        assert self._committed is not None and self.identity is not None
+        if self._committed is None:
+            raise SlhubError(f"no committed state to write to {name}: a rank failed to gather")
+        assert self.identity is not None
         ckpt = {
             "format": checkpoint.FORMAT_V2,
             "step": self._committed_step,
@@ -306,6 +339,9 @@ class Trainer:
             self.metrics.sync()
         LOG.info("checkpoint", path=str(path))
         return path
+
+
+_FAILED = "slhub:rank-state-failed"
 
 
 def _scalar(value: Any) -> Any:

@@ -1,0 +1,162 @@
+"""Shared helpers: run the CLI (alone or under torchrun), write recipes, compare trees."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+SL_DDP = REPO / "examples" / "sl_ddp" / "cpu.yaml"
+
+
+def subprocess_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(TESTS), str(REPO), env.get("PYTHONPATH", "")) if p
+    )
+    env.update(extra or {})
+    return env
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120):
+    """``python -m slhub ARGS`` in the repository root."""
+    return subprocess.run(
+        [sys.executable, "-m", "slhub", *args],
+        cwd=REPO,
+        env=subprocess_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def run_torchrun(*args: str, nproc: int = 2, env: dict[str, str] | None = None, timeout=180):
+    """``torchrun --standalone --nproc-per-node=N -m slhub ARGS`` in the repository root."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nnodes=1",
+            f"--nproc-per-node={nproc}",
+            "-m",
+            "slhub",
+            *args,
+        ],
+        cwd=REPO,
+        env=subprocess_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def write_recipe(path: Path, base: Path = SL_DDP, **changes: Any) -> Path:
+    """Copy a recipe with ``section__key=value`` changes applied."""
+    data = yaml.safe_load(base.read_text())
+    for dotted, value in changes.items():
+        node = data
+        *parents, leaf = dotted.split("__")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def load(path: Path) -> dict[str, Any]:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def assert_tree_equal(a: Any, b: Any, where: str = "") -> None:
+    """Exact equality of nested checkpoint data (``torch.equal`` for tensors)."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor), where
+        assert a.dtype == b.dtype and torch.equal(a, b), f"tensors differ at {where}"
+    elif isinstance(a, dict):
+        assert set(a) == set(b), f"keys differ at {where}: {set(a) ^ set(b)}"
+        for key in a:
+            assert_tree_equal(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), f"lengths differ at {where}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_tree_equal(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"values differ at {where}: {a!r} != {b!r}"
+
+
+def one_line_error(proc: subprocess.CompletedProcess) -> str:
+    """The CLI's error: exit 2, exactly one stderr line, no traceback."""
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("slhub: error: ")
+    return lines[0]
+
+
+@pytest.fixture(autouse=True)
+def _single_thread(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch_workers(*args: str, nproc: int = 2, env: dict[str, str] | None = None, timeout=120):
+    """Start N ``python -m slhub`` workers with torchrun's environment, without torchrun.
+
+    torchrun tears the other workers down as soon as one exits, which hides how
+    each rank ends; launching them directly shows every rank's exit status and
+    message. Returns ``(seconds, [(returncode, stderr), ...])`` by rank.
+    """
+    import time
+
+    port = str(free_port())
+    procs = []
+    start = time.monotonic()
+    for rank in range(nproc):
+        worker_env = subprocess_env(env)
+        worker_env.update(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(nproc),
+            LOCAL_WORLD_SIZE=str(nproc),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "slhub", *args],
+                cwd=REPO,
+                env=worker_env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    results = []
+    for proc in procs:
+        try:
+            _, err = proc.communicate(timeout=max(1.0, timeout - (time.monotonic() - start)))
+        except subprocess.TimeoutExpired:
+            for other in procs:
+                other.kill()
+            raise
+        results.append((proc.returncode, err))
+    return time.monotonic() - start, results

@@ -1,0 +1,224 @@
+"""Test-only plugins (importable as ``slhub_testplugins:Name`` with tests/ on the path).
+
+Faults are injected here, through the public hook contract, never through hooks
+in product code.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from examples.sl_ddp.plugin import SlDdpPlugin, masked_mse
+from slhub import LossResult, hookimpl
+
+#: In-process probes record what hooks received here.
+RECORD: dict[str, list] = {"restore": [], "validate_rand": []}
+
+
+class ProbeNet(nn.Module):
+    """An MLP with dropout and per-rank buffers (a sample counter and a running input mean)."""
+
+    def __init__(self, hidden: int = 32) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(4, hidden), nn.Tanh(), nn.Dropout(0.2), nn.Linear(hidden, 2)
+        )
+        self.register_buffer("seen", torch.zeros((), dtype=torch.int64))
+        self.register_buffer("input_mean", torch.zeros(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            with torch.no_grad():
+                self.seen += x.shape[0]
+                self.input_mean.mul_(0.9).add_(0.1 * x.mean(0))
+        return self.net(x)
+
+
+class RecoveryProbe(SlDdpPlugin):
+    """sl_ddp data with a model that has dropout and per-rank buffers."""
+
+    @hookimpl
+    def build_model(self, trainer) -> nn.Module:
+        super().build_model(trainer)
+        return ProbeNet(trainer.section("model").hidden)
+
+
+class OracleProbe(SlDdpPlugin):
+    """Unequal valid counts; rank 1 has no valid target at update 2."""
+
+    @hookimpl
+    def objective(self, trainer, model, batch) -> LossResult:
+        x, y, mask = batch
+        if trainer.rank == 1 and trainer.step == 1:
+            mask = torch.zeros_like(mask)
+        loss, count = masked_mse(model(x), y, mask)
+        return LossResult(loss=loss, weight=count)
+
+
+class ZeroWeightEverywhere(SlDdpPlugin):
+    """Every rank reports weight 0 at update 2 (and a 0/0 NaN loss)."""
+
+    @hookimpl
+    def objective(self, trainer, model, batch) -> LossResult:
+        x, y, mask = batch
+        if trainer.step == 1:
+            mask = torch.zeros_like(mask)
+            loss = ((model(x) - y) ** 2 * mask).sum() / mask.sum()  # NaN on purpose
+            return LossResult(loss=loss, weight=0)
+        loss, count = masked_mse(model(x), y, mask)
+        return LossResult(loss=loss, weight=count)
+
+
+class FaultInjector(SlDdpPlugin):
+    """Fails in SLHUB_FAULT_PHASE on SLHUB_FAULT_RANK at update SLHUB_FAULT_STEP."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.phase = os.environ.get("SLHUB_FAULT_PHASE", "")
+        self.rank = int(os.environ.get("SLHUB_FAULT_RANK", "1"))
+        self.step = int(os.environ.get("SLHUB_FAULT_STEP", "2"))
+
+    def _due(self, trainer, phase: str, step: int) -> bool:
+        return self.phase == phase and trainer.rank == self.rank and step == self.step
+
+    @hookimpl
+    def build_model(self, trainer):
+        if self.phase == "admission" and trainer.rank == self.rank:
+            raise RuntimeError("injected admission failure")
+        return super().build_model(trainer)
+
+    @hookimpl
+    def sample(self, trainer, generator):
+        if self._due(trainer, "sampling", trainer.step + 1):
+            raise RuntimeError("injected sampling failure")
+        return super().sample(trainer, generator)
+
+    @hookimpl
+    def objective(self, trainer, model, batch):
+        result = super().objective(trainer, model, batch)
+        if self._due(trainer, "objective", trainer.step + 1):
+            raise RuntimeError("injected objective failure")
+        if self._due(trainer, "nonfinite", trainer.step + 1):
+            result.loss = result.loss * float("nan")
+        return result
+
+    @hookimpl
+    def validate(self, trainer, model, step):
+        if self._due(trainer, "validation", step):
+            raise RuntimeError("injected validation failure")
+        return super().validate(trainer, model, step)
+
+    @hookimpl
+    def on_commit(self, trainer, step):
+        if self._due(trainer, "io", step):
+            out = Path(trainer.config.output_dir)
+            shutil.rmtree(out)
+            out.write_text("not a directory any more")  # the next checkpoint write fails
+
+
+class HookProbe(SlDdpPlugin):
+    """Exercises on_commit, save/restore and validate-time saves in one process."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.commits = 0
+
+    @hookimpl
+    def on_commit(self, trainer, step, result, metrics):
+        self.commits += 1
+        metrics["train/probe_commits"] = self.commits
+
+    @hookimpl
+    def save(self, trainer):
+        return {"probe": {"commits": self.commits}}
+
+    @hookimpl
+    def restore(self, trainer, state):
+        RECORD["restore"].append(state["probe"])
+        self.commits = state["probe"]["commits"]
+
+    @hookimpl
+    def validate(self, trainer, model, step):
+        RECORD["validate_rand"].append(torch.rand(()).item())  # must not shift training RNG
+        if os.environ.get("SLHUB_PROBE_SAVE_BEST"):
+            trainer.save("best.pt")
+        return {"probe_step": float(step)}
+
+
+class ZeroScale(SlDdpPlugin):
+    """Overrides the built-in weighting: every update back-propagates zero."""
+
+    @hookimpl
+    def scale_loss(self, trainer, result, total_weight):
+        return result.loss * 0.0
+
+
+class NotAModule(SlDdpPlugin):
+    @hookimpl
+    def build_model(self, trainer):
+        super().build_model(trainer)
+        return "not a module"
+
+
+class WrongObjective(SlDdpPlugin):
+    @hookimpl
+    def objective(self, trainer, model, batch):
+        return 1.0
+
+
+class UnknownHook:
+    @hookimpl
+    def build_modle(self, trainer):  # misspelled on purpose
+        return None
+
+
+def broken_on_import():
+    raise AssertionError("never called")
+
+
+class CollectiveCounter(SlDdpPlugin):
+    """Counts torch.distributed collectives issued from Python between commits."""
+
+    NAMES = (
+        "all_reduce",
+        "broadcast",
+        "all_gather",
+        "gather",
+        "scatter",
+        "reduce",
+        "barrier",
+        "all_gather_object",
+        "gather_object",
+        "broadcast_object_list",
+        "all_to_all",
+        "reduce_scatter",
+        "scatter_object_list",
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    @hookimpl
+    def build_model(self, trainer):
+        import torch.distributed as dist
+
+        for name in self.NAMES:
+            original = getattr(dist, name)
+
+            def counted(*args, _original=original, **kwargs):
+                self.count += 1
+                return _original(*args, **kwargs)
+
+            setattr(dist, name, counted)
+        return super().build_model(trainer)
+
+    @hookimpl
+    def on_commit(self, trainer, step, metrics):
+        metrics["train/collectives"] = self.count
+        self.count = 0

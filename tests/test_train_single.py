@@ -1,0 +1,82 @@
+"""Issue 2 acceptance: one process trains the sl_ddp recipe, refuses a used directory,
+and resumes exactly."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import SL_DDP, assert_tree_equal, load, one_line_error, run_cli
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+def _metrics(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("sl_ddp") / "D"
+    proc = run_cli("train", "--config", str(SL_DDP), "--set", f"trainer.output_dir={out}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def test_run_writes_artifacts_and_validation_falls(trained: Path):
+    names = {p.name for p in trained.iterdir()}
+    assert names == {"run.json", "metrics.jsonl", "step_100.pt", "step_200.pt", "last.pt"}
+    validation = [m for m in _metrics(trained) if "validation/mse" in m]
+    assert [m["step"] for m in validation] == [50, 100, 150, 200]
+    mse = [m["validation/mse"] for m in validation]
+    assert all(b < a for a, b in zip(mse, mse[1:])), mse
+    train_steps = [m["step"] for m in _metrics(trained) if "train/loss" in m]
+    assert train_steps == list(range(1, 201))
+    identity = json.loads((trained / "run.json").read_text())
+    assert identity["world_size"] == 1 and len(identity["run_id"]) == 32
+    assert identity["recipe"]["trainer"]["batch_size"] == 32
+
+
+def test_every_checkpoint_loads_weights_only(trained: Path):
+    for name in ("step_100.pt", "step_200.pt", "last.pt"):
+        ckpt = load(trained / name)
+        assert ckpt["format"] == "slhub.checkpoint/2"
+        assert set(ckpt["ranks"][0]) == {"rng", "sampler", "buffers"}
+    assert load(trained / "step_100.pt")["step"] == 100
+    assert_tree_equal(load(trained / "step_200.pt"), load(trained / "last.pt"))
+
+
+def test_same_command_into_used_directory_exits_2_and_leaves_it_unchanged(trained: Path):
+    before = _digests(trained)
+    proc = run_cli("train", "--config", str(SL_DDP), "--set", f"trainer.output_dir={trained}")
+    line = one_line_error(proc)
+    assert "already holds run artifacts" in line and str(trained) in line
+    assert _digests(trained) == before
+
+
+def test_resume_into_fresh_directory_is_exact(trained: Path, tmp_path: Path):
+    fresh = tmp_path / "E"
+    proc = run_cli(
+        "train",
+        "--config",
+        str(SL_DDP),
+        "--set",
+        f"trainer.output_dir={fresh}",
+        "--resume",
+        str(trained / "step_100.pt"),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    original, resumed = load(trained / "last.pt"), load(fresh / "last.pt")
+    for key in ("step", "model", "optimizer", "ranks", "scheduler"):
+        assert_tree_equal(original[key], resumed[key], key)
+    later = [m for m in _metrics(trained) if m["step"] > 100]
+    assert _metrics(fresh) == later and len(later) == 102  # 100 updates + 2 validations
+    identity = json.loads((fresh / "run.json").read_text())
+    assert identity["resumed_from"]["step"] == 100
+    assert identity["resumed_from"]["run_id"] == original["run"]["run_id"]
+    assert identity["run_id"] != original["run"]["run_id"]
