@@ -1,9 +1,9 @@
 """Command line: parse arguments, call the library, map SlhubError to one line and exit 2.
 
-    slhub train --config RECIPE.yaml [--set a.b=VALUE ...] [--resume CKPT] [--log-format json]
-    slhub plugins
-    slhub inspect CKPT
-    slhub export --checkpoint CKPT --out DIR
+slhub train --config RECIPE.yaml [--set a.b=VALUE ...] [--resume CKPT] [--log-format json]
+slhub plugins
+slhub inspect CKPT
+slhub export --checkpoint CKPT --out DIR
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but usage errors are one line and exit 2 like every other bad input."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        print(f"slhub: error: {message} (see `slhub {self.prog.split()[-1]} --help`)", file=sys.stderr)
+        print(
+            f"slhub: error: {message} (see `slhub {self.prog.split()[-1]} --help`)", file=sys.stderr
+        )
         raise SystemExit(EXIT_USAGE)
 
 

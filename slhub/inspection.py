@@ -42,6 +42,8 @@ def describe(path: str) -> str:
             f"scheduler:  {'yes' if ckpt['scheduler'] is not None else 'none'}",
         ]
     else:
-        lines += ["run:        none (v1 resumes only into a fresh output directory)",
-                  "world size: 1"]
+        lines += [
+            "run:        none (v1 resumes only into a fresh output directory)",
+            "world size: 1",
+        ]
     return "\n".join(lines)
