@@ -95,8 +95,10 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError) as exc:
         raise CheckpointError(f"{path}: damaged or not a checkpoint ({_reason(exc)})") from None
-    except OSError as exc:
+    except (PermissionError, IsADirectoryError) as exc:
         raise CheckpointError(f"{path}: cannot read checkpoint ({exc.strerror or exc})") from None
+    except OSError as exc:  # a truncated archive surfaces as EINVAL from the zip reader
+        raise CheckpointError(f"{path}: damaged or not a checkpoint ({_reason(exc)})") from None
     check_layout(data, path)
     return data
 

@@ -1,0 +1,183 @@
+"""Checkpoint files: atomic writes, safe loads, v1 compatibility and resume refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import SL_DDP, load, one_line_error, run_cli
+from slhub import checkpoint
+from slhub.errors import ArtifactError, CheckpointError
+from slhub.trainer import train
+
+SHORT = ["trainer.steps=4", "trainer.validate_every=0", "trainer.save_every=2"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("ckpt") / "run"
+    train(str(SL_DDP), [*SHORT, f"trainer.output_dir={out}"])
+    return out
+
+
+def test_failure_mid_write_leaves_previous_last_intact(run_dir: Path, tmp_path: Path, monkeypatch):
+    folder = tmp_path / "copy"
+    shutil.copytree(run_dir, folder)
+    before = (folder / "last.pt").read_bytes()
+    real_fsync = os.fsync
+
+    def torn_write(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", torn_write)
+    with pytest.raises(OSError, match="No space left"):
+        checkpoint.save_checkpoint(load(folder / "step_2.pt"), folder / "last.pt")
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert (folder / "last.pt").read_bytes() == before
+    assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in run_dir.iterdir())
+
+
+def test_truncated_checkpoint_is_refused_with_one_line(run_dir: Path, tmp_path: Path):
+    damaged = tmp_path / "damaged.pt"
+    damaged.write_bytes((run_dir / "last.pt").read_bytes()[:5000])
+    with pytest.raises(CheckpointError, match="damaged or not a checkpoint"):
+        checkpoint.load_checkpoint(damaged)
+    out = tmp_path / "resumed"
+    line = one_line_error(
+        run_cli(
+            "train",
+            "--config",
+            str(SL_DDP),
+            "--set",
+            f"trainer.output_dir={out}",
+            "--resume",
+            str(damaged),
+        )
+    )
+    assert "damaged.pt: damaged or not a checkpoint" in line
+    assert not out.exists()
+
+
+def test_checkpoint_that_needs_pickle_is_refused(tmp_path: Path):
+    evil = tmp_path / "evil.pt"
+    torch.save({"step": 1, "model": {}, "optimizer": {}, "rng": Path("/")}, evil)
+    with pytest.raises(CheckpointError, match="needs pickle to load"):
+        checkpoint.load_checkpoint(evil)
+
+
+def test_foreign_and_unknown_layouts_are_refused(tmp_path: Path):
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"format": "other.checkpoint/9", "state_dict": {}}, foreign)
+    with pytest.raises(CheckpointError, match="foreign checkpoint format 'other.checkpoint/9'"):
+        checkpoint.load_checkpoint(foreign)
+    bare = tmp_path / "bare.pt"
+    torch.save({"state_dict": {}}, bare)
+    with pytest.raises(CheckpointError, match=r"not a slhub checkpoint \(keys: state_dict\)"):
+        checkpoint.load_checkpoint(bare)
+    with pytest.raises(CheckpointError, match="no such checkpoint file"):
+        checkpoint.load_checkpoint(tmp_path / "absent.pt")
+
+
+def test_v1_resumes_into_a_fresh_directory_only(run_dir: Path, tmp_path: Path):
+    v1 = tmp_path / "v1.pt"
+    torch.save(checkpoint.to_v1(load(run_dir / "step_2.pt")), v1)
+    assert checkpoint.version_of(checkpoint.load_checkpoint(v1)) == 1
+    out = tmp_path / "from_v1"
+    train(str(SL_DDP), [*SHORT, f"trainer.output_dir={out}"], resume=str(v1))
+    resumed = load(out / "last.pt")
+    assert resumed["step"] == 4 and resumed["format"] == "slhub.checkpoint/2"
+    assert resumed["run"]["resumed_from"] == {
+        "run_id": None,
+        "step": 2,
+        "checkpoint": str(v1),
+        "sha256": checkpoint.sha256_file(v1),
+    }
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [3, 4]
+    with pytest.raises(ArtifactError, match="v1 checkpoint has no run identity"):
+        train(str(SL_DDP), [*SHORT, f"trainer.output_dir={out}"], resume=str(v1))
+
+
+def test_resume_in_place_refuses_another_runs_directory(run_dir: Path, tmp_path: Path):
+    other = tmp_path / "other"
+    train(str(SL_DDP), [*SHORT, "trainer.steps=2", f"trainer.output_dir={other}"])
+    before = {p.name: p.read_bytes() for p in other.iterdir()}
+    with pytest.raises(ArtifactError, match="run.json belongs to run"):
+        train(
+            str(SL_DDP), [*SHORT, f"trainer.output_dir={other}"], resume=str(run_dir / "step_2.pt")
+        )
+    assert {p.name: p.read_bytes() for p in other.iterdir()} == before
+
+
+def test_resume_in_place_from_latest_checkpoint_continues_the_run(run_dir: Path, tmp_path: Path):
+    folder = tmp_path / "inplace"
+    shutil.copytree(run_dir, folder)
+    train(
+        str(SL_DDP),
+        [
+            "trainer.steps=6",
+            "trainer.validate_every=0",
+            "trainer.save_every=2",
+            f"trainer.output_dir={folder}",
+        ],
+        resume=str(folder / "last.pt"),
+    )
+    steps = [
+        json.loads(line)["step"] for line in (folder / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert steps == [1, 2, 3, 4, 5, 6]
+    assert (
+        load(folder / "last.pt")["run"]["run_id"]
+        == json.loads((folder / "run.json").read_text())["run_id"]
+    )
+
+
+def test_resume_refuses_another_plugin_source(run_dir: Path, tmp_path: Path):
+    with pytest.raises(CheckpointError, match="recipe differs.*plugin"):
+        train(
+            str(SL_DDP),
+            [*SHORT, "plugin=slhub_testplugins:HookProbe", f"trainer.output_dir={tmp_path / 'p'}"],
+            resume=str(run_dir / "step_2.pt"),
+        )
+    ckpt = load(run_dir / "step_2.pt")
+    ckpt["run"]["source"]["plugin"]["version"] = "9.9"
+    forged = tmp_path / "forged.pt"
+    torch.save(ckpt, forged)
+    with pytest.raises(CheckpointError, match="plugin source differs"):
+        train(str(SL_DDP), [*SHORT, f"trainer.output_dir={tmp_path / 'q'}"], resume=str(forged))
+
+
+def test_inspect_describes_a_checkpoint(run_dir: Path):
+    proc = run_cli("inspect", str(run_dir / "last.pt"))
+    assert proc.returncode == 0, proc.stderr
+    assert "format:     slhub.checkpoint/2" in proc.stdout
+    assert "step:       4" in proc.stdout and "world size: 1" in proc.stdout
+    assert "ranks:      1 entries holding buffers, rng, sampler" in proc.stdout
+
+
+def test_json_logs_carry_run_identity(tmp_path: Path):
+    out = tmp_path / "logged"
+    proc = run_cli(
+        "train",
+        "--config",
+        str(SL_DDP),
+        "--log-format",
+        "json",
+        "--set",
+        f"trainer.output_dir={out}",
+        "--set",
+        "trainer.steps=3",
+    )
+    assert proc.returncode == 0, proc.stderr
+    events = [json.loads(line) for line in proc.stderr.splitlines()]
+    run_id = json.loads((out / "run.json").read_text())["run_id"]
+    updates = [e for e in events if e["event"] == "update"]
+    assert updates and all(
+        e["run_id"] == run_id and e["rank"] == 0 and e["world_size"] == 1 and "step" in e
+        for e in updates
+    )

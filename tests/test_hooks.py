@@ -1,0 +1,155 @@
+"""The hook contract: every spec documented (in code and in docs/hooks.md) and tested
+by a ``test_hook_<name>`` below, each exercising the hook through a real training run."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, SL_DDP, load, one_line_error, run_cli
+from slhub import hookspecs
+from slhub.errors import PluginError, RankFailure, RecipeError
+from slhub.trainer import sampler_seed, train
+
+SPECS = sorted(n for n in dir(hookspecs) if hasattr(getattr(hookspecs, n), "slhub_spec"))
+
+
+def test_contract_has_the_designed_hooks():
+    expected = {"build_model", "sample", "objective", "on_commit", "validate", "save", "restore"}
+    assert expected <= set(SPECS)
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_every_hookspec_is_documented(name: str):
+    spec = getattr(hookspecs, name)
+    doc = inspect.getdoc(spec) or ""
+    for param in inspect.signature(spec).parameters:
+        assert f":param {param}:" in doc, f"{name} does not document {param}"
+        assert inspect.signature(spec).parameters[param].default is inspect.Parameter.empty
+    if name not in ("on_commit", "restore"):
+        assert ":returns:" in doc, name
+    if spec.slhub_spec.get("firstresult"):
+        assert "Stops at the first non-None result" in doc, name
+    docs = (REPO / "docs" / "hooks.md").read_text()
+    assert re.search(rf"^## `{name}`", docs, re.M), f"docs/hooks.md has no section for {name}"
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_every_hookspec_has_a_test(name: str):
+    assert callable(getattr(sys.modules[__name__], f"test_hook_{name}", None)), name
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _run(tmp_path: Path, plugin: str, *overrides: str, name: str = "out", resume=None) -> Path:
+    out = tmp_path / name
+    train(
+        str(SL_DDP),
+        [f"plugin={plugin}", f"trainer.output_dir={out}", *overrides],
+        resume=str(resume) if resume else None,
+    )
+    return out
+
+
+def _metrics(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+SHORT = ("trainer.steps=4", "trainer.validate_every=2", "trainer.save_every=2")
+
+
+# ------------------------------------------------------------------- hooks
+
+
+def test_hook_recipe_sections(tmp_path: Path):
+    with pytest.raises(RecipeError, match=r"cpu\.yaml: model\.hidden: must be > 0"):
+        _run(tmp_path, "examples.sl_ddp.plugin:SlDdpPlugin", "model.hidden=0")
+    with pytest.raises(RecipeError, match=r"cpu\.yaml: data\.size: unknown key"):
+        _run(tmp_path, "examples.sl_ddp.plugin:SlDdpPlugin", "data.size=3")
+    assert not (tmp_path / "out").exists()
+
+
+def test_hook_build_model(tmp_path: Path):
+    with pytest.raises(PluginError, match="build_model returned str, expected torch.nn.Module"):
+        _run(tmp_path, "slhub_testplugins:NotAModule")
+    out = _run(tmp_path, "examples.sl_ddp.plugin:SlDdpPlugin", *SHORT, name="ok")
+    assert load(out / "last.pt")["model"]["0.weight"].shape == (32, 4)
+
+
+def test_hook_sample(tmp_path: Path):
+    """sample draws with the trainer-owned generator, seeded per rank and checkpointed."""
+    out = _run(tmp_path, "examples.sl_ddp.plugin:SlDdpPlugin", *SHORT)
+    generator = torch.Generator().manual_seed(sampler_seed(0, 0))
+    for _ in range(4):
+        torch.randint(0, 4096, (32,), generator=generator)
+    assert torch.equal(load(out / "last.pt")["ranks"][0]["sampler"], generator.get_state())
+
+
+def test_hook_objective(tmp_path: Path):
+    with pytest.raises(RankFailure, match="rank 0 failed during objective: .*expected slhub"):
+        _run(tmp_path, "slhub_testplugins:WrongObjective", *SHORT)
+
+
+def test_hook_scale_loss(tmp_path: Path):
+    """A model package can override the built-in weighting (trylast)."""
+    out = _run(tmp_path, "slhub_testplugins:ZeroScale", *SHORT)
+    first, last = load(out / "step_2.pt")["model"], load(out / "last.pt")["model"]
+    assert all(torch.equal(first[k], last[k]) for k in first)  # zero gradients: Adam stays put
+
+
+def test_hook_on_commit(tmp_path: Path):
+    out = _run(tmp_path, "slhub_testplugins:HookProbe", *SHORT)
+    commits = [m["train/probe_commits"] for m in _metrics(out) if "train/loss" in m]
+    assert commits == [1, 2, 3, 4]
+
+
+def test_hook_validate(tmp_path: Path, monkeypatch):
+    """Validation results are logged, a validate-time save writes the boundary state,
+    and validation's own random draws do not shift the training stream."""
+    monkeypatch.setenv("SLHUB_PROBE_SAVE_BEST", "1")
+    out = _run(tmp_path, "slhub_testplugins:HookProbe", *SHORT)
+    lines = [m for m in _metrics(out) if "validation/probe_step" in m]
+    assert [(m["step"], m["validation/probe_step"]) for m in lines] == [(2, 2.0), (4, 4.0)]
+    best = load(out / "best.pt")
+    assert best["step"] == 4 and torch.equal(
+        best["model"]["0.weight"], load(out / "last.pt")["model"]["0.weight"]
+    )
+    plain = _run(tmp_path, "examples.sl_ddp.plugin:SlDdpPlugin", *SHORT, name="plain")
+    a, b = load(out / "last.pt"), load(plain / "last.pt")
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert torch.equal(a["ranks"][0]["rng"]["torch"], b["ranks"][0]["rng"]["torch"])
+
+
+def test_hook_save(tmp_path: Path):
+    out = _run(tmp_path, "slhub_testplugins:HookProbe", *SHORT)
+    assert load(out / "step_2.pt")["ranks"][0]["probe"] == {"commits": 2}
+    assert load(out / "last.pt")["ranks"][0]["probe"] == {"commits": 4}
+
+
+def test_hook_restore(tmp_path: Path):
+    from slhub_testplugins import RECORD
+
+    RECORD["restore"].clear()
+    out = _run(tmp_path, "slhub_testplugins:HookProbe", *SHORT)
+    resumed = _run(
+        tmp_path, "slhub_testplugins:HookProbe", *SHORT, name="r", resume=out / "step_2.pt"
+    )
+    assert RECORD["restore"] == [{"commits": 2}]
+    commits = [m["train/probe_commits"] for m in _metrics(resumed) if "train/loss" in m]
+    assert commits == [3, 4]
+
+
+def test_hook_export(tmp_path: Path):
+    """slhub export asks every installed plugin; a checkpoint none recognizes exits 2."""
+    out = _run(tmp_path, "examples.sl_ddp.plugin:SlDdpPlugin", *SHORT)
+    line = one_line_error(
+        run_cli("export", "--checkpoint", str(out / "last.pt"), "--out", str(tmp_path / "x"))
+    )
+    assert "export" in line and str(out / "last.pt") in line
