@@ -1,0 +1,233 @@
+"""The NeRD export directory: ``model.safetensors`` + ``export.json``, and its predictor.
+
+Inference-safe (torch, safetensors and the json standard library only): an
+export needs no training code, recipe or checkpoint to be used, and holds no
+pickle.
+
+``model.safetensors`` is the model's state dict in the trained dtype (weights,
+the ``nerd_arch`` buffer and the normalization buffers). It depends on the
+weights only, so the same weights saved as a v1 or a v2 checkpoint export to
+byte-identical files; provenance (run id, step, checkpoint digest) lives in
+``export.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save
+from torch import nn
+
+from slhub.builtin.nerd.model import ARCH_KEY, STAT_KEYS, NerdArch, NerdModel, dtype_name
+
+EXPORT_FORMAT = "slhub.export/1"
+KIND = "nerd"
+WEIGHTS = "model.safetensors"
+MANIFEST = "export.json"
+
+
+def write_export(model: NerdModel, out_dir: Path, provenance: dict[str, Any]) -> Path:
+    """Write ``model`` into the empty directory ``out_dir``.
+
+    ``export.json`` is written last (temporary name, then rename), so a
+    directory holding it holds a whole export. Files written before a failure
+    are removed.
+
+    :param model: the model to export, in its trained dtype.
+    :param out_dir: an existing, empty directory.
+    :param provenance: ``source_run_id``, ``step``, ``checkpoint_sha256``,
+        ``checkpoint_format`` and ``checkpoint_path`` of the source checkpoint.
+    :returns: ``out_dir``.
+    """
+    arch = model.arch
+    dtype = dtype_name(next(model.parameters()).dtype)
+    tensors = {k: v.detach().cpu().clone().contiguous() for k, v in model.state_dict().items()}
+    manifest = {
+        "format": EXPORT_FORMAT,
+        "kind": KIND,
+        "dtype": dtype,
+        "architecture": arch.to_dict(),
+        "input_names": list(arch.input_names),
+        "state_names": list(arch.state_names),
+        "action_names": list(arch.action_names),
+        "output_names": list(arch.output_names),
+        "output": "next state; the angle feature is wrapped to [-pi, pi)",
+        "normalization": {
+            "enabled": bool(arch.normalize),
+            **{key: [float(v) for v in tensors[key].double().tolist()] for key in STAT_KEYS},
+        },
+        "weights": WEIGHTS,
+        **provenance,
+    }
+    written: list[Path] = []
+    try:
+        weights = out_dir / WEIGHTS
+        written.append(weights)
+        # one metadata key only: safetensors writes a multi-key header map in hash order,
+        # which would make identical weights export to different bytes
+        data = save(tensors, metadata={"slhub_export": f"{EXPORT_FORMAT} {KIND}"})
+        with open(weights, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        tmp = out_dir / f".{MANIFEST}.tmp"
+        written.append(tmp)
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(manifest, handle, indent=2)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, out_dir / MANIFEST)
+    except BaseException:
+        for path in written:
+            path.unlink(missing_ok=True)
+        raise
+    return out_dir
+
+
+class NerdPredictor(nn.Module):
+    """An exported NeRD model, ready for inference.
+
+    Inputs are history tokens ``[batch, length, features]`` whose last axis is
+    ordered as :attr:`input_names` (the state, then the action). Every call
+    names that order with ``input_names=`` and is checked against the export:
+    a different order, feature count, dtype or an over-long history raises
+    ValueError instead of predicting from misread inputs. Inputs are never
+    cast implicitly.
+
+    >>> predictor = slhub.export.load("exports/nerd_cartpole")
+    >>> predictor.input_names
+    ('x', 'theta', 'x_dot', 'theta_dot', 'force')
+    >>> next_state = predictor(tokens, input_names=predictor.input_names)   # [B, 4]
+    >>> states = predictor.rollout(tokens, future_actions, input_names=...)  # [B, K, 4]
+    """
+
+    def __init__(self, model: NerdModel, manifest: dict[str, Any]) -> None:
+        super().__init__()
+        self.model = model.eval().requires_grad_(False)
+        self.manifest = manifest
+        arch = model.arch
+        self.input_names: tuple[str, ...] = arch.input_names
+        self.state_names: tuple[str, ...] = arch.state_names
+        self.action_names: tuple[str, ...] = arch.action_names
+        self.output_names: tuple[str, ...] = arch.output_names
+        self.history: int = arch.history
+        self.causal: bool = bool(arch.causal)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def architecture(self) -> NerdArch:
+        return self.model.arch
+
+    def _check(self, tokens: torch.Tensor, input_names: Sequence[str]) -> None:
+        names = tuple(input_names)
+        if names != self.input_names:
+            if sorted(names) == sorted(self.input_names):
+                problem = "are in the wrong order"
+            else:
+                problem = "do not match"
+            raise ValueError(
+                f"input features {list(names)} {problem}: this NeRD export expects "
+                f"{list(self.input_names)} (state, then action) on the last axis"
+            )
+        if not isinstance(tokens, torch.Tensor):
+            raise ValueError(f"inputs must be a torch.Tensor, got {type(tokens).__name__}")
+        if tokens.dtype != self.dtype:
+            raise ValueError(
+                f"inputs have dtype {tokens.dtype} but this NeRD export was trained in "
+                f"{self.dtype}; convert explicitly with .to({self.dtype})"
+            )
+        if tokens.dim() != 3 or tokens.shape[-1] != len(self.input_names):
+            raise ValueError(
+                f"inputs must have shape [batch, length, {len(self.input_names)}], "
+                f"got {list(tokens.shape)}"
+            )
+        length = tokens.shape[1]
+        if self.causal and not 1 <= length <= self.history:
+            raise ValueError(f"history length must be 1..{self.history}, got {length}")
+        if not self.causal and length != self.history:
+            raise ValueError(
+                f"this non-causal NeRD export needs exactly {self.history} history steps, "
+                f"got {length}"
+            )
+
+    def forward(self, tokens: torch.Tensor, *, input_names: Sequence[str]) -> torch.Tensor:
+        """Predict the next state ``[batch, state_dim]`` from history tokens.
+
+        :param tokens: ``[batch, length, features]`` in the dtype of the export.
+        :param input_names: the order of the last axis; must equal :attr:`input_names`.
+        """
+        self._check(tokens, input_names)
+        with torch.no_grad():
+            return self.model.next_state(tokens)
+
+    predict = forward
+
+    def rollout(
+        self,
+        tokens: torch.Tensor,
+        future_actions: torch.Tensor,
+        *,
+        input_names: Sequence[str],
+    ) -> torch.Tensor:
+        """Roll out ``K = future_actions.shape[1] + 1`` states autoregressively.
+
+        The first predicted state follows the last history token (state and
+        action); each further state follows the previous prediction under the
+        next of ``future_actions`` ``[batch, K - 1, action_dim]``.
+
+        :returns: ``[batch, K, state_dim]``.
+        """
+        self._check(tokens, input_names)
+        if (
+            not isinstance(future_actions, torch.Tensor)
+            or future_actions.dim() != 3
+            or future_actions.shape[0] != tokens.shape[0]
+            or future_actions.shape[-1] != len(self.action_names)
+        ):
+            raise ValueError(
+                f"future_actions must have shape [{tokens.shape[0]}, K - 1, "
+                f"{len(self.action_names)}] ({list(self.action_names)})"
+            )
+        if future_actions.dtype != self.dtype:
+            raise ValueError(
+                f"future_actions have dtype {future_actions.dtype} but this NeRD export was "
+                f"trained in {self.dtype}; convert explicitly with .to({self.dtype})"
+            )
+        if not self.causal and future_actions.shape[1] and tokens.shape[1] != self.history:
+            raise ValueError(f"a non-causal rollout needs exactly {self.history} history steps")
+        with torch.no_grad():
+            return self.model.rollout(tokens, future_actions)
+
+
+def load_export(directory: Path, manifest: dict[str, Any]) -> NerdPredictor:
+    """Rebuild the predictor of a NeRD export; raises ValueError for an inconsistent export."""
+    weights = directory / manifest.get("weights", WEIGHTS)
+    if not weights.is_file():
+        raise ValueError(f"{directory} has no {weights.name}")
+    state = load_file(str(weights))
+    if ARCH_KEY not in state:
+        raise ValueError(f"{weights} holds no {ARCH_KEY} buffer; it is not a NeRD export")
+    model = NerdModel.from_state_dict(state)
+    arch = model.arch
+    expected = {
+        "dtype": dtype_name(next(model.parameters()).dtype),
+        "architecture": arch.to_dict(),
+        "input_names": list(arch.input_names),
+        "output_names": list(arch.output_names),
+    }
+    for key, value in expected.items():
+        if manifest.get(key) != value:
+            raise ValueError(
+                f"{directory / MANIFEST} says {key}={manifest.get(key)!r} but "
+                f"{weights.name} holds {value!r}"
+            )
+    return NerdPredictor(model, manifest)

@@ -1,0 +1,334 @@
+"""NeRD without the trainer: data, model, normalization, loss mask, export and inference."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from pydantic import ValidationError
+from safetensors import safe_open
+
+from slhub.builtin.nerd import cartpole
+from slhub.builtin.nerd.artifact import load_export
+from slhub.builtin.nerd.model import NerdArch, NerdModel
+from slhub.builtin.nerd.plugin import (
+    DataSection,
+    LossSection,
+    ModelSection,
+    NerdPlugin,
+    ValidationSection,
+    training_statistics,
+)
+from slhub.export import load
+
+TINY_DATA = {
+    "train": {"num_trajectories": 24, "length": 30, "seed": 0},
+    "val": {"num_trajectories": 6, "length": 20, "seed": 1},
+}
+
+
+def fake_trainer(tmp_path: Path, batch_size: int = 8, **sections: dict) -> types.SimpleNamespace:
+    """The trainer attributes the nerd plugin reads, with tiny validated sections."""
+    raw = {
+        "model": {"history": 5, "width": 16, "layers": 1, "heads": 2},
+        "data": {"cache_dir": str(tmp_path / "cache"), **TINY_DATA},
+        "loss": {},
+        "validation": {"horizons": [3, 12]},
+    }
+    for name, values in sections.items():
+        raw[name] = {**raw[name], **values}
+    models = NerdPlugin().recipe_sections()
+    validated = {name: models[name].model_validate(value) for name, value in raw.items()}
+    return types.SimpleNamespace(
+        section=validated.__getitem__,
+        config=types.SimpleNamespace(batch_size=batch_size),
+        device=torch.device("cpu"),
+    )
+
+
+def build(tmp_path: Path, **sections: dict) -> tuple[NerdPlugin, types.SimpleNamespace, NerdModel]:
+    plugin = NerdPlugin()
+    trainer = fake_trainer(tmp_path, **sections)
+    torch.manual_seed(0)
+    model = plugin.build_model(trainer=trainer)
+    return plugin, trainer, model
+
+
+def train_a_little(plugin, trainer, model, steps: int = 5) -> None:
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        result = plugin.objective(
+            trainer=trainer, model=model, batch=plugin.sample(trainer=trainer, generator=generator)
+        )
+        optimizer.zero_grad()
+        result.loss.backward()
+        optimizer.step()
+    model.eval()
+
+
+def export_v1(model: NerdModel, tmp_path: Path, name: str = "export") -> Path:
+    path = tmp_path / f"{name}.pt"
+    torch.save({"step": 5, "model": model.state_dict(), "optimizer": {}, "rng": {}}, path)
+    out = tmp_path / name
+    out.mkdir()
+    result = NerdPlugin().export(
+        checkpoint=torch.load(path, weights_only=True), checkpoint_path=path, out_dir=out
+    )
+    assert result == out
+    return out
+
+
+# --------------------------------------------------------------------------- data
+
+
+def test_cartpole_data_is_deterministic_memory_mapped_and_wrapped(tmp_path):
+    first = cartpole.ensure_dataset(tmp_path / "a", "train", 5, 12, seed=3)
+    second = cartpole.ensure_dataset(tmp_path / "b", "train", 5, 12, seed=3)
+    other = cartpole.ensure_dataset(tmp_path / "a", "val", 5, 12, seed=4)
+    assert isinstance(first.states, np.memmap) and isinstance(first.actions, np.memmap)
+    assert first.states.shape == (5, 13, 4) and first.actions.shape == (5, 12, 1)
+    np.testing.assert_array_equal(first.states, second.states)
+    assert not np.array_equal(first.states, other.states)
+    theta = np.asarray(first.states[..., 1])
+    assert theta.min() >= -np.pi and theta.max() < np.pi
+    step = cartpole.cartpole_step(first.states[:, 4], first.actions[:, 4, 0])
+    np.testing.assert_array_equal(step, first.states[:, 5])
+
+
+def test_data_section_rejects_equal_seeds_and_unknown_keys():
+    with pytest.raises(ValidationError, match="must differ"):
+        DataSection.model_validate({"train": TINY_DATA["train"], "val": TINY_DATA["train"]})
+    for section, raw in [
+        (DataSection, {"cache": "x"}),
+        (ModelSection, {"dropout": 0.1}),
+        (LossSection, {"features": ["z"]}),
+        (ValidationSection, {"horizon": 3}),
+        (ModelSection, {"width": 10, "heads": 4}),
+        (ModelSection, {"precision": "float16"}),
+    ]:
+        with pytest.raises(ValidationError):
+            section.model_validate(raw)
+
+
+def test_build_model_refuses_a_validation_split_too_short_for_the_horizon(tmp_path):
+    from slhub.errors import RecipeError
+
+    with pytest.raises(RecipeError, match="data.val.length"):
+        build(tmp_path, validation={"horizons": [100]})
+
+
+# --------------------------------------------------------------------------- model
+
+
+def test_arch_and_normalization_travel_in_the_state_dict(tmp_path):
+    plugin, trainer, model = build(tmp_path)
+    state = model.state_dict()
+    assert state["nerd_arch"].dtype == torch.int64
+    assert NerdArch.from_tensor(state["nerd_arch"]) == model.arch
+    stats = training_statistics(plugin._train)
+    for key, value in zip(
+        ("input_mean", "input_std", "target_mean", "target_std"), stats, strict=True
+    ):
+        torch.testing.assert_close(state[key], torch.from_numpy(value).float())
+    rebuilt = NerdModel.from_state_dict(state)
+    for key, value in rebuilt.state_dict().items():
+        assert torch.equal(value, state[key]), key
+
+    _, _, plain = build(tmp_path / "off", model={"normalize": False})
+    assert torch.equal(plain.input_mean, torch.zeros(5)) and torch.equal(
+        plain.target_std, torch.ones(4)
+    )
+
+
+def test_causal_positions_see_only_the_past_and_full_attention_sees_everything(tmp_path):
+    _, _, causal = build(tmp_path)
+    _, _, full = build(tmp_path, model={"causal": False})
+    tokens = torch.randn(3, 5, 5)
+    changed = tokens.clone()
+    changed[:, 3:] += 1.0
+    with torch.no_grad():
+        a, b = causal(tokens), causal(changed)
+        torch.testing.assert_close(a[:, :3], b[:, :3], rtol=0, atol=1e-6)
+        assert not torch.allclose(a[:, 3:], b[:, 3:])
+        # a prefix predicts what the full window predicts at the same positions
+        torch.testing.assert_close(causal(tokens[:, :2]), a[:, :2], rtol=0, atol=1e-6)
+        assert not torch.allclose(full(tokens)[:, :3], full(changed)[:, :3])
+
+
+@pytest.mark.parametrize("precision", ["float32", "float64", "bfloat16"])
+def test_precision_is_recipe_owned(tmp_path, precision):
+    plugin, trainer, model = build(tmp_path, model={"precision": precision})
+    dtype = getattr(torch, precision)
+    assert {p.dtype for p in model.parameters()} == {dtype}
+    assert model.input_mean.dtype == dtype and model.nerd_arch.dtype == torch.int64
+    batch = plugin.sample(trainer=trainer, generator=torch.Generator().manual_seed(1))
+    assert batch["tokens"].dtype == dtype
+    result = plugin.objective(trainer=trainer, model=model, batch=batch)
+    assert torch.isfinite(result.loss)
+
+
+def test_sample_draws_only_with_the_given_generator(tmp_path):
+    plugin, trainer, _ = build(tmp_path)
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    one = plugin.sample(trainer=trainer, generator=torch.Generator().manual_seed(7))
+    two = plugin.sample(trainer=trainer, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(torch.get_rng_state(), before)
+    assert torch.equal(one["tokens"], two["tokens"]) and torch.equal(one["delta"], two["delta"])
+    assert one["tokens"].shape == (8, 5, 5) and one["delta"].shape == (8, 5, 4)
+    # the target is the next state's change: token t + 1 minus token t (angle wrapped)
+    step = one["tokens"][:, 1:, :4] - one["tokens"][:, :-1, :4]
+    step[..., 1] = torch.remainder(step[..., 1] + torch.pi, 2 * torch.pi) - torch.pi
+    torch.testing.assert_close(one["delta"][:, :-1], step)
+
+
+def test_loss_mask_sets_the_weight_and_hides_masked_targets(tmp_path):
+    plugin, trainer, model = build(tmp_path, loss={"features": ["theta", "x_dot"], "skip_first": 2})
+    batch = plugin.sample(trainer=trainer, generator=torch.Generator().manual_seed(0))
+    result = plugin.objective(trainer=trainer, model=model, batch=batch)
+    assert result.weight == 8 * 3 * 2
+    corrupted = dict(batch, delta=batch["delta"].clone())
+    corrupted["delta"][..., 0] = 1e6  # x is masked
+    corrupted["delta"][:, :2] = 1e6  # the first two positions are masked
+    assert torch.equal(
+        plugin.objective(trainer=trainer, model=model, batch=corrupted).loss, result.loss
+    )
+
+    with_mask = dict(batch, mask=torch.zeros(8, 5, 4))
+    zero = plugin.objective(trainer=trainer, model=model, batch=with_mask)
+    assert zero.weight == 0 and zero.loss.item() == 0.0
+
+    plugin, trainer, model = build(tmp_path, model={"causal": False})
+    result = plugin.objective(trainer=trainer, model=model, batch=batch)
+    assert result.weight == 8 * 4  # full attention sees the future: last position only
+
+
+def test_validation_reports_rollouts_and_the_constant_state_baseline(tmp_path):
+    plugin, trainer, model = build(tmp_path)
+    train_a_little(plugin, trainer, model)
+    with torch.no_grad():
+        metrics = plugin.validate(trainer=trainer, model=model, step=5)
+    assert set(metrics) == {
+        "one_step_mse",
+        "rollout_mse_3",
+        "rollout_mse_12",
+        "baseline_mse_3",
+        "baseline_mse_12",
+    }
+    assert all(np.isfinite(v) and v >= 0 for v in metrics.values())
+    assert metrics["baseline_mse_12"] > metrics["baseline_mse_3"] > 0
+
+
+# --------------------------------------------------------------------------- export
+
+
+@pytest.mark.parametrize("precision", ["float32", "float64", "bfloat16"])
+def test_export_predicts_exactly_what_the_trained_model_predicts(tmp_path, precision):
+    plugin, trainer, model = build(tmp_path, model={"precision": precision})
+    train_a_little(plugin, trainer, model)
+    out = export_v1(model, tmp_path)
+    assert sorted(p.name for p in out.iterdir()) == ["export.json", "model.safetensors"]
+    predictor = load(out)
+    dtype = getattr(torch, precision)
+    assert predictor.dtype == dtype
+    batch = plugin.sample(trainer=trainer, generator=torch.Generator().manual_seed(5))
+    tokens = batch["tokens"]
+    future = batch["tokens"][:, :4, 4:].contiguous()
+    with torch.no_grad():
+        assert torch.equal(
+            predictor(tokens, input_names=predictor.input_names), model.next_state(tokens)
+        )
+        assert torch.equal(
+            predictor.rollout(tokens, future, input_names=predictor.input_names),
+            model.rollout(tokens, future),
+        )
+    assert predictor.rollout(tokens, future, input_names=predictor.input_names).shape == (8, 5, 4)
+
+
+def test_export_manifest_describes_inputs_outputs_and_provenance(tmp_path):
+    plugin, trainer, model = build(tmp_path)
+    out = export_v1(model, tmp_path)
+    manifest = json.loads((out / "export.json").read_text())
+    assert manifest["format"] == "slhub.export/1" and manifest["kind"] == "nerd"
+    assert manifest["dtype"] == "float32"
+    assert manifest["input_names"] == ["x", "theta", "x_dot", "theta_dot", "force"]
+    assert manifest["output_names"] == ["next_x", "next_theta", "next_x_dot", "next_theta_dot"]
+    assert manifest["architecture"]["history"] == 5 and manifest["architecture"]["causal"] is True
+    assert manifest["source_run_id"] is None and manifest["step"] == 5
+    assert manifest["checkpoint_format"] == "slhub.checkpoint/1"
+    assert len(manifest["checkpoint_sha256"]) == 64
+    assert len(manifest["normalization"]["input_mean"]) == 5
+    with safe_open(out / "model.safetensors", framework="pt") as handle:  # no pickle anywhere
+        assert "nerd_arch" in handle.keys() and "target_std" in handle.keys()
+
+
+def test_same_weights_export_to_identical_bytes(tmp_path):
+    plugin, trainer, model = build(tmp_path)
+    a = export_v1(model, tmp_path, "a")
+    b = export_v1(model, tmp_path, "b")
+    assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
+
+
+def test_predictor_refuses_misordered_or_mistyped_inputs(tmp_path):
+    plugin, trainer, model = build(tmp_path)
+    predictor = load(export_v1(model, tmp_path))
+    tokens = torch.zeros(2, 3, 5)
+    names = list(predictor.input_names)
+    swapped = [names[1], names[0], *names[2:]]
+    with pytest.raises(ValueError, match="wrong order.*expects \\['x', 'theta'"):
+        predictor(tokens, input_names=swapped)
+    with pytest.raises(ValueError, match="do not match"):
+        predictor(tokens, input_names=names[:4])
+    with pytest.raises(ValueError, match="dtype torch.float64.*torch.float32"):
+        predictor(tokens.double(), input_names=names)
+    with pytest.raises(ValueError, match="history length must be 1..5"):
+        predictor(torch.zeros(2, 6, 5), input_names=names)
+    with pytest.raises(ValueError, match="shape"):
+        predictor(torch.zeros(2, 3, 4), input_names=names[:4] + names[4:])
+    with pytest.raises(ValueError, match="future_actions have dtype"):
+        predictor.rollout(tokens, torch.zeros(2, 3, 1, dtype=torch.float64), input_names=names)
+    with pytest.raises(TypeError):
+        predictor(tokens)  # the feature order must always be named
+
+
+def test_load_refuses_inconsistent_or_foreign_exports(tmp_path):
+    plugin, trainer, model = build(tmp_path)
+    out = export_v1(model, tmp_path)
+    manifest = json.loads((out / "export.json").read_text())
+    with pytest.raises(ValueError, match="no export.json"):
+        load(tmp_path / "cache")
+    tampered = dict(manifest, input_names=list(reversed(manifest["input_names"])))
+    with pytest.raises(ValueError, match="input_names"):
+        load_export(out, tampered)
+    (out / "export.json").write_text(json.dumps(dict(manifest, format="other/9")))
+    with pytest.raises(ValueError, match="export format 'other/9'"):
+        load(out)
+
+
+def test_inference_needs_no_training_code(tmp_path):
+    plugin, trainer, model = build(tmp_path)
+    out = export_v1(model, tmp_path)
+    code = (
+        "import sys, torch, slhub.export as e\n"
+        f"p = e.load({str(out)!r})\n"
+        "p(torch.zeros(1, 2, 5), input_names=p.input_names)\n"
+        "bad = [m for m in ('slhub.trainer', 'slhub.checkpoint', 'slhub.registry',"
+        " 'slhub.builtin.nerd.plugin', 'pickle_loaded') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_export_hook_ignores_other_checkpoints(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    other = {"step": 1, "model": {"weight": torch.zeros(2)}, "optimizer": {}, "rng": {}}
+    assert NerdPlugin().export(checkpoint=other, checkpoint_path=tmp_path, out_dir=out) is None
+    assert not any(out.iterdir())

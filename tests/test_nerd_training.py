@@ -1,0 +1,194 @@
+"""NeRD through the real trainer: one process and two Gloo workers, exact recovery,
+v1/v2 export to identical bytes, exact exported predictions and export errors."""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, assert_tree_equal, load, run_cli, run_torchrun, write_recipe
+from slhub import cli
+from slhub.builtin.nerd.plugin import NerdPlugin
+from slhub.checkpoint import to_v1
+from slhub.export import load as load_export
+from slhub.exporting import run_export
+
+NERD = REPO / "examples" / "nerd" / "cartpole" / "sl.train.yaml"
+
+
+def _metrics(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """A tiny NeRD recipe trained alone, under 2 workers, and under 2 workers stopped + resumed."""
+    tmp = tmp_path_factory.mktemp("nerd")
+    recipe = write_recipe(
+        tmp / "tiny.yaml",
+        base=NERD,
+        trainer__steps=6,
+        trainer__batch_size=8,
+        trainer__validate_every=3,
+        trainer__save_every=3,
+        trainer__output_dir=str(tmp / "ddp"),
+        model__history=4,
+        model__width=16,
+        model__layers=1,
+        model__heads=2,
+        model__mlp_hidden=32,
+        data__cache_dir=str(tmp / "cache"),
+        data__train={"num_trajectories": 16, "length": 20, "seed": 0},
+        data__val={"num_trajectories": 4, "length": 12, "seed": 1},
+        validation__horizons=[2, 8],
+    )
+    out = {"recipe": recipe, "tmp": tmp}
+    proc = run_cli("train", "--config", str(recipe), "--set", f"trainer.output_dir={tmp}/single")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out["single"] = tmp / "single"
+    proc = run_torchrun("train", "--config", str(recipe))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out["ddp"] = tmp / "ddp"
+    proc = run_torchrun(
+        "train",
+        "--config",
+        str(recipe),
+        "--set",
+        "trainer.steps=3",
+        "--set",
+        f"trainer.output_dir={tmp}/stopped",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_torchrun(
+        "train",
+        "--config",
+        str(recipe),
+        "--set",
+        "trainer.steps=6",
+        "--set",
+        f"trainer.output_dir={tmp}/resumed",
+        "--resume",
+        str(tmp / "stopped" / "step_3.pt"),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out["resumed"] = tmp / "resumed"
+    return out
+
+
+def _trained_model(ckpt: dict, tmp_path: Path) -> torch.nn.Module:
+    """The trained model as the recipe builds it (not via the export path), with its weights."""
+    recipe = ckpt["run"]["recipe"]
+    plugin = NerdPlugin()
+    models = plugin.recipe_sections()
+    sections = {name: model.model_validate(recipe[name]) for name, model in models.items()}
+    trainer = types.SimpleNamespace(section=sections.__getitem__)
+    model = plugin.build_model(trainer=trainer)
+    model.load_state_dict(ckpt["model"])
+    return model.eval()
+
+
+def test_training_logs_rollout_and_baseline_validation(runs):
+    for name in ("single", "ddp"):
+        lines = [m for m in _metrics(runs[name]) if "validation/one_step_mse" in m]
+        assert [m["step"] for m in lines] == [3, 6]
+        for key in ("rollout_mse_2", "rollout_mse_8", "baseline_mse_2", "baseline_mse_8"):
+            assert lines[-1][f"validation/{key}"] >= 0
+    assert load(runs["ddp"] / "last.pt")["run"]["world_size"] == 2
+
+
+def test_interrupted_and_resumed_two_worker_run_is_bit_identical(runs):
+    a, b = load(runs["ddp"] / "last.pt"), load(runs["resumed"] / "last.pt")
+    assert a["step"] == b["step"] == 6
+    for key in ("model", "optimizer", "ranks"):
+        assert_tree_equal(a[key], b[key], key)
+    assert len(a["ranks"]) == 2
+    later = lambda folder: [m for m in _metrics(folder) if m["step"] > 3]  # noqa: E731
+    assert later(runs["ddp"]) == later(runs["resumed"]) and len(later(runs["ddp"])) == 4
+
+
+@pytest.mark.parametrize("name", ["single", "ddp"])
+def test_v1_and_v2_export_identically_and_predict_exactly(runs, tmp_path, name):
+    v2_path = runs[name] / "last.pt"
+    v2 = load(v2_path)
+    v1_path = tmp_path / "v1.pt"
+    torch.save(to_v1(v2), v1_path)
+    out_v2 = run_export(v2_path, tmp_path / "v2_export")
+    out_v1 = run_export(v1_path, tmp_path / "v1_export")
+    assert (out_v1 / "model.safetensors").read_bytes() == (
+        out_v2 / "model.safetensors"
+    ).read_bytes()
+
+    manifest_v2 = json.loads((out_v2 / "export.json").read_text())
+    manifest_v1 = json.loads((out_v1 / "export.json").read_text())
+    run_id = json.loads((runs[name] / "run.json").read_text())["run_id"]
+    assert manifest_v2["source_run_id"] == run_id and manifest_v1["source_run_id"] is None
+    assert manifest_v2["step"] == manifest_v1["step"] == 6
+    assert manifest_v2["checkpoint_format"] == "slhub.checkpoint/2"
+    assert manifest_v1["checkpoint_format"] == "slhub.checkpoint/1"
+
+    p1, p2 = load_export(out_v1), load_export(out_v2)
+    trained = _trained_model(v2, tmp_path)
+    names = p1.input_names
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randn(5, 4, 5, generator=generator)
+    future = torch.randn(5, 9, 1, generator=generator) * 5
+    with torch.no_grad():
+        expected = trained.next_state(tokens)
+        assert torch.equal(p1(tokens, input_names=names), expected)
+        assert torch.equal(p2(tokens, input_names=names), expected)
+        rolled = trained.rollout(tokens, future)
+        assert torch.equal(p1.rollout(tokens, future, input_names=names), rolled)
+        assert torch.equal(p2.rollout(tokens, future, input_names=names), rolled)
+    with pytest.raises(ValueError, match="wrong order"):
+        p2(tokens, input_names=list(reversed(names)))
+    with pytest.raises(ValueError, match="dtype"):
+        p2(tokens.double(), input_names=names)
+
+
+def test_export_command_writes_safetensors_and_manifest(runs, tmp_path):
+    proc = run_cli(
+        "export", "--checkpoint", str(runs["single"] / "last.pt"), "--out", str(tmp_path / "e")
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "exported" in proc.stdout
+    assert sorted(p.name for p in (tmp_path / "e").iterdir()) == [
+        "export.json",
+        "model.safetensors",
+    ]
+
+
+def _cli_error(capsys, *argv: str) -> str:
+    assert cli.main(list(argv)) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("slhub: error: "), err
+    return lines[0]
+
+
+def test_export_errors_exit_2_with_one_line(runs, tmp_path, capsys):
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"step": 1, "model": {"w": torch.zeros(2)}, "optimizer": {}, "rng": {}}, foreign)
+    line = _cli_error(capsys, "export", "--checkpoint", str(foreign), "--out", str(tmp_path / "a"))
+    assert "is not a checkpoint any installed plugin can export" in line
+    assert not (tmp_path / "a").exists()
+
+    damaged = tmp_path / "damaged.pt"
+    data = (runs["single"] / "last.pt").read_bytes()
+    damaged.write_bytes(data[: len(data) // 2])
+    line = _cli_error(capsys, "export", "--checkpoint", str(damaged), "--out", str(tmp_path / "b"))
+    assert "damaged" in line and not (tmp_path / "b").exists()
+
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "keep.txt").write_text("mine")
+    ckpt = str(runs["single"] / "last.pt")
+    line = _cli_error(capsys, "export", "--checkpoint", ckpt, "--out", str(busy))
+    assert "not empty" in line
+    assert [p.name for p in busy.iterdir()] == ["keep.txt"]
+
+    line = _cli_error(capsys, "export", "--checkpoint", str(tmp_path / "missing.pt"), "--out", "x")
+    assert "no such checkpoint" in line
