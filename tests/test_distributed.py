@@ -285,3 +285,24 @@ def test_torchrun_failure_ends_the_job_nonzero(tmp_path: Path):
     )
     assert proc.returncode != 0
     assert "rank 1 failed during objective: RuntimeError: injected objective failure" in proc.stderr
+
+
+def test_validate_time_save_writes_gathered_state_without_a_collective(tmp_path: Path):
+    out = tmp_path / "best"
+    recipe = _recipe(
+        tmp_path,
+        "best",
+        "slhub_testplugins:HookProbe",
+        trainer__steps=4,
+        trainer__validate_every=2,
+        trainer__save_every=4,
+        trainer__output_dir=str(out),
+    )
+    _, results = launch_workers(
+        "train", "--config", str(recipe), env={"SLHUB_PROBE_SAVE_BEST": "1"}, timeout=60
+    )
+    assert [rc for rc, _ in results] == [0, 0], results[0][1][-2000:]
+    best, last = load(out / "best.pt"), load(out / "last.pt")
+    assert best["step"] == 4 and len(best["ranks"]) == 2
+    assert_tree_equal(best["ranks"], last["ranks"])
+    assert_tree_equal(best["model"], last["model"])
