@@ -21,9 +21,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but usage errors are one line and exit 2 like every other bad input."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        print(
-            f"slhub: error: {message} (see `slhub {self.prog.split()[-1]} --help`)", file=sys.stderr
-        )
+        print(f"slhub: error: {message} (see `{self.prog} --help`)", file=sys.stderr)
         raise SystemExit(EXIT_USAGE)
 
 

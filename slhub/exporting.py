@@ -54,7 +54,8 @@ def run_export(checkpoint_path: str | Path, out_dir: str | Path) -> Path:
     out_dir = Path(out_dir)
     _refuse_unusable(out_dir)  # before the (possibly slow) checkpoint load
     checkpoint = load_checkpoint(checkpoint_path)
-    pm = export_manager()
+    run = checkpoint.get("run") or {}
+    pm = export_manager(also=(run.get("source") or {}).get("plugin", {}).get("object"))
     created = _claim_out_dir(out_dir)
     try:
         result = pm.hook.export(

@@ -84,7 +84,7 @@ def recipe_sections() -> dict[str, type[BaseModel]]:
 def build_model(trainer: Trainer) -> nn.Module:
     """Build the model, once per rank.
 
-    Called with torch seeded from ``trainer.seed`` identically on every rank,
+    Called with torch seeded from ``trainer.config.seed`` identically on every rank,
     so every rank builds the same initial parameters. The trainer moves the
     module to ``trainer.device`` afterwards. Stops at the first non-None result.
 
@@ -104,8 +104,8 @@ def sample(trainer: Trainer, generator: torch.Generator) -> Any:
 
     ``trainer.batch_size`` is per worker. Draw only with ``generator``: it is
     this rank's sampler stream, owned and checkpointed by the trainer, which
-    makes a resumed run draw exactly what the uninterrupted run drew. Stops at
-    the first non-None result.
+    makes a resumed run draw exactly what the uninterrupted run drew.
+    Stops at the first non-None result.
 
     :param trainer: the running trainer.
     :param generator: this rank's sampler generator (CPU).
@@ -118,8 +118,9 @@ def objective(trainer: Trainer, model: nn.Module, batch: Any) -> LossResult:
     """Compute the local mean loss and its valid-supervision count.
 
     Runs inside the DistributedDataParallel-wrapped computation, so gradients
-    of ``model``'s parameters are reduced across ranks. Stops at the first
-    non-None result.
+    of ``model``'s parameters are reduced across ranks. ``trainer.step`` is the
+    last committed update while it runs.
+    Stops at the first non-None result.
 
     :param trainer: the running trainer.
     :param model: the model (the original module; its parameters are the ones
@@ -136,8 +137,8 @@ def scale_loss(trainer: Trainer, result: LossResult, total_weight: float) -> tor
     The built-in ``ddp_weighting`` plugin returns
     ``loss * weight * world_size / total_weight`` so that DDP's gradient mean
     equals the gradient of ``sum(w_r * L_r) / sum(w_r)``. It is only called
-    when ``total_weight > 0`` and this rank's weight is > 0. Stops at the first
-    non-None result.
+    when ``total_weight > 0`` and this rank's weight is > 0.
+    Stops at the first non-None result.
 
     :param trainer: the running trainer.
     :param result: this rank's :class:`LossResult`.
@@ -150,7 +151,8 @@ def scale_loss(trainer: Trainer, result: LossResult, total_weight: float) -> tor
 def on_commit(trainer: Trainer, step: int, result: LossResult, metrics: dict[str, float]) -> None:
     """React to a committed update (metrics, progress, schedules).
 
-    Called on every rank after the optimizer step. Must not call collectives:
+    Called on every rank after the optimizer step (also after an update
+    skipped because every rank's weight was 0). Must not call collectives:
     ranks reach this point at different times.
 
     :param trainer: the running trainer.
@@ -220,9 +222,10 @@ def restore(trainer: Trainer, state: dict[str, Any]) -> None:
 def export(checkpoint: dict[str, Any], checkpoint_path: Path, out_dir: Path) -> Path | None:
     """Export a checkpoint for inference, if this plugin recognizes it.
 
-    ``slhub export`` calls this with every installed plugin registered. A
-    plugin that does not recognize the checkpoint returns None. Stops at the
-    first non-None result.
+    ``slhub export`` calls this with every installed plugin registered (and,
+    for a v2 checkpoint, the plugin its run names). A plugin that does not
+    recognize the checkpoint returns None.
+    Stops at the first non-None result.
 
     :param checkpoint: the loaded checkpoint (v1 or v2 layout).
     :param checkpoint_path: where it was read from (for provenance).

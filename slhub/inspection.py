@@ -14,6 +14,12 @@ def _count(state: dict[str, Any]) -> tuple[int, int]:
     return len(tensors), sum(t.numel() for t in tensors)
 
 
+def _dist(plugin: dict[str, Any]) -> str:
+    if not plugin.get("dist"):
+        return "no distribution"
+    return f"dist {plugin['dist']} {plugin.get('version')}"
+
+
 def describe(path: str) -> str:
     """A short multi-line description of a v1 or v2 checkpoint."""
     ckpt = checkpoint.load_checkpoint(path)
@@ -36,8 +42,7 @@ def describe(path: str) -> str:
         lines += [
             f"run:        {run.get('run_id')} (created {run.get('created')})",
             f"world size: {run.get('world_size')}",
-            f"plugin:     {plugin.get('name')} ({plugin.get('object')}, "
-            f"dist {plugin.get('dist')} {plugin.get('version')})",
+            f"plugin:     {plugin.get('name')} ({plugin.get('object')}, {_dist(plugin)})",
             f"ranks:      {len(ranks)} entries holding {', '.join(keys) or 'nothing'}",
             f"scheduler:  {'yes' if ckpt['scheduler'] is not None else 'none'}",
         ]

@@ -144,7 +144,7 @@ def format_validation_error(source: str, exc: ValidationError, prefix: str = "")
     for error in exc.errors():
         loc = ".".join(str(p) for p in ((prefix,) if prefix else ()) + tuple(error["loc"]))
         render = _MESSAGES.get(error["type"])
-        message = render(error.get("ctx", {})) if render else error["msg"].lower()
+        message = render(error.get("ctx", {})) if render else error["msg"]
         parts.append(f"{loc or '(top level)'}: {message}")
     return f"{source}: " + "; ".join(parts)
 

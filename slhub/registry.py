@@ -146,13 +146,21 @@ def build_manager(spec: str) -> tuple[pluggy.PluginManager, PluginSource]:
     return pm, source
 
 
-def export_manager() -> pluggy.PluginManager:
-    """Built-ins plus every installed entry-point plugin (for ``slhub export``).
+def export_manager(also: str | None = None) -> pluggy.PluginManager:
+    """Built-ins, every installed entry-point plugin and ``also`` (for ``slhub export``).
 
-    A plugin that fails to load is skipped here: exporting one model must not
-    depend on every other installed package importing cleanly.
+    ``also`` is the ``package.module:object`` plugin a v2 checkpoint's run names,
+    so code that is not installed can export its own checkpoints. A plugin that
+    fails to load is skipped here: exporting one model must not depend on every
+    other installed package importing cleanly.
     """
     pm = new_manager()
+    if also and ":" in also:
+        try:
+            obj, source = resolve(also)
+            _register(pm, _instantiate(obj, source.describe()), source.name, source)
+        except PluginError:
+            pass
     for name, ep in sorted(_entry_points().items()):
         try:
             source = _source_of_entry_point(ep)

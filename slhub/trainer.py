@@ -26,6 +26,7 @@ which stays the original module for validation, saving and export.
 from __future__ import annotations
 
 import pickle
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -137,18 +138,35 @@ class Trainer:
                 f"checkpoint does not fit this recipe's model: {reason}"
             ) from None
         self.step = int(ckpt["step"])
-        self.hook.restore(trainer=self, state=checkpoint.rank_state(ckpt, self.rank))
+        try:
+            self.hook.restore(trainer=self, state=checkpoint.rank_state(ckpt, self.rank))
+        except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
+            reason = " ".join(str(exc).split())[:200] or exc.__class__.__name__
+            raise CheckpointError(
+                f"checkpoint's state for rank {self.rank} cannot be restored "
+                f"({exc.__class__.__name__}: {reason})"
+            ) from None
+        if self.step >= self.config.steps:
+            raise CheckpointError(
+                f"checkpoint is at update {self.step} and trainer.steps is {self.config.steps}: "
+                "nothing to train; raise trainer.steps to continue"
+            )
 
     # ------------------------------------------------------------------- loop
 
     def fit(self) -> None:
         """Run updates ``step + 1 .. steps`` under the step protocol."""
         if distributed.world_size() > 1:
-            self._ddp = DistributedDataParallel(
-                self._objective,
-                device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                broadcast_buffers=False,
-            )
+            with warnings.catch_warnings():
+                # torch 2.13 deprecates broadcast_buffers, but its replacement still
+                # broadcasts rank 0's buffers at construction, which would overwrite the
+                # per-rank buffers just restored; torch's own warning says to keep it.
+                warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated")
+                self._ddp = DistributedDataParallel(
+                    self._objective,
+                    device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                    broadcast_buffers=False,
+                )
         try:
             for step in range(self.step + 1, self.config.steps + 1):
                 self._update(step)
@@ -201,7 +219,9 @@ class Trainer:
             # DDP rebuilds its gradient buckets with a broadcast inside the forward after
             # its first backward. Doing it here, where every rank is known healthy, keeps
             # a rank that fails before its next forward from leaving the others waiting.
-            self._ddp.reducer._rebuild_buckets()
+            rebuild = getattr(self._ddp.reducer, "_rebuild_buckets", None)
+            if rebuild is not None:
+                rebuild()
             self._buckets_rebuilt = True
         self.step = step
         metrics: dict[str, Any] = {
