@@ -1,0 +1,129 @@
+"""The model packages as a third party ships them: wheels in a fresh virtual environment.
+
+One session fixture builds slhub's wheel and each package's wheel from copies of
+their folders, deletes the copies, makes a fresh ``python -m venv`` (torch from
+the local CPU wheel), installs slhub, lists plugins, installs the three package
+wheels and lists again. The tests then check the listings and train every
+package's example recipe with the installed console script from a directory
+that has nothing to do with the repository.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from conftest import REPO
+
+PACKAGES = {"rwm": "slhub-rwm", "rigidformer": "slhub-rigidformer", "bc": "slhub-bc"}
+HOOKS = ["build_model", "objective", "recipe_sections", "sample", "validate"]
+IGNORE = shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__", ".pytest_cache")
+
+#: example recipe, distribution, small-data overrides (the recipes' own sizes take minutes).
+EXAMPLES = {
+    "rwm": (
+        "rwm/cartpole.yaml",
+        "slhub-rwm",
+        ["rwm.data.train_trajectories=8", "rwm.data.val_trajectories=2", "rwm.data.length=40"],
+    ),
+    "rigidformer": (
+        "rigidformer/boxes.yaml",
+        "slhub-rigidformer",
+        ["rigidformer.scenes.train_scenes=16", "rigidformer.scenes.val_scenes=4"],
+    ),
+    "bc_state": (
+        "bc/state.yaml",
+        "slhub-bc",
+        ["bc.data.train_episodes=8", "bc.data.val_episodes=2", "bc.rollouts=2"],
+    ),
+    "bc_visual": ("bc/visual.yaml", "slhub-bc", ["bc.data.train_episodes=8", "bc.val_stride=30"]),
+}
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(OMP_NUM_THREADS="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    return env
+
+
+def _run(args: list, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [str(a) for a in args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, f"{args}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+@pytest.fixture(scope="session")
+def venv(tmp_path_factory) -> SimpleNamespace:
+    root = tmp_path_factory.mktemp("packaging")
+    src, dist = root / "src", root / "dist"
+    shutil.copytree(REPO / "slhub", src / "slhub" / "slhub", ignore=IGNORE)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / "slhub" / name)
+    for name in PACKAGES:
+        shutil.copytree(REPO / "plugins" / name, src / name, ignore=IGNORE)
+    builds = [src / "slhub", *(src / name for name in PACKAGES)]
+    pip = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
+    _run([*pip, "-w", dist, *builds], cwd=root)
+    shutil.rmtree(src)  # what is installed must not need the sources
+
+    env_dir = root / "venv"
+    _run([sys.executable, "-m", "venv", env_dir], cwd=root)
+    python, slhub = env_dir / "bin" / "python", env_dir / "bin" / "slhub"
+    install = [python, "-m", "pip", "install", "-q"]
+    _run([*install, "torch==2.13.0", *dist.glob("slhub-*.whl")], cwd=root, timeout=600)
+    before = _run([slhub, "plugins"], cwd=root).stdout
+    _run([*install, *(w for w in dist.glob("slhub_*.whl"))], cwd=root)
+    after = _run([slhub, "plugins"], cwd=root).stdout
+    return SimpleNamespace(dir=env_dir, python=python, slhub=slhub, before=before, after=after)
+
+
+def test_slhub_plugins_lists_the_packages_once_installed_and_not_before(venv) -> None:
+    assert re.search(r"^nerd\s+model\s+slhub ", venv.before, re.M), venv.before
+    for name, dist in PACKAGES.items():
+        assert not re.search(rf"^{name}\s", venv.before, re.M), venv.before
+        row = re.search(rf"^{name}\s+model\s+{dist} 0\.1\.0\s+(.+)$", venv.after, re.M)
+        assert row, venv.after
+        assert row.group(1).strip().split(", ") == HOOKS
+
+
+def test_installed_code_comes_from_the_environment(venv, tmp_path) -> None:
+    names = ["slhub", *(f"slhub_{name}" for name in PACKAGES)]
+    code = "import importlib\n" + "\n".join(
+        f"print(importlib.import_module({n!r}).__file__)" for n in names
+    )
+    files = _run([venv.python, "-c", code], cwd=tmp_path).stdout.split()
+    assert len(files) == 4 and all(Path(f).is_relative_to(venv.dir) for f in files), files
+
+
+@pytest.mark.parametrize("case", list(EXAMPLES))
+def test_installed_wheels_train_the_example_from_an_unrelated_directory(venv, tmp_path, case):
+    recipe, dist, small = EXAMPLES[case]
+    shutil.copy(REPO / "examples" / recipe, tmp_path / "recipe.yaml")
+    sets = [*small, "trainer.steps=6", "trainer.validate_every=3", "trainer.output_dir=out"]
+    _run([venv.slhub, "train", "--config", "recipe.yaml", *(f"--set={s}" for s in sets)], tmp_path)
+    out = tmp_path / "out"
+    assert json.loads((out / "run.json").read_text())["source"]["plugin"]["dist"] == dist
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    validated = [r["step"] for r in rows if any(k.startswith("validation/") for k in r)]
+    assert validated == [3, 6]
+    assert (out / "step_6.pt").is_file()
+
+
+def test_installed_wheel_trains_under_two_gloo_workers(venv, tmp_path) -> None:
+    recipe, _, small = EXAMPLES["rwm"]
+    shutil.copy(REPO / "examples" / recipe, tmp_path / "recipe.yaml")
+    sets = [*small, "trainer.steps=4", "trainer.validate_every=2", "trainer.output_dir=out"]
+    torchrun = [venv.dir / "bin" / "torchrun", "--standalone", "--nnodes=1", "--nproc-per-node=2"]
+    args = ["-m", "slhub", "train", "--config", "recipe.yaml", *(f"--set={s}" for s in sets)]
+    _run([*torchrun, *args], tmp_path)
+    assert json.loads((tmp_path / "out" / "run.json").read_text())["world_size"] == 2
