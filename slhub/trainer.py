@@ -401,8 +401,12 @@ def _admit(config: str, overrides: list[str], resume: str | None, device: torch.
 
 
 def _agree_or_raise(error: BaseException | None, device: torch.device) -> None:
-    """Admission agreement: on one process re-raise the error itself, else agree on it."""
-    if distributed.world_size() == 1:
+    """Admission agreement: every rank fails together, naming the origin rank.
+
+    On one process a bad-input error is raised as it is (its message is the
+    whole story); anything else is reported like a rank failure.
+    """
+    if distributed.world_size() == 1 and (error is None or isinstance(error, SlhubError)):
         if error is not None:
             raise error
         return
