@@ -114,29 +114,35 @@ class Agreement:
 def agree(
     weight: float, weighted_loss: float, failure_phase: str | None, device: torch.device
 ) -> Agreement:
-    """The one all-reduce per update: weight sum, weighted loss sum, every rank's failure.
+    """The one all-reduce per update: ``[sum w_r, sum w_r * L_r]``, with failure as NaN.
 
-    Layout: ``[sum w_r, sum w_r * L_r, phase_code_0, ..., phase_code_{N-1}]`` in
-    float64; each rank writes only its own phase slot, so the sum tells every
-    rank who failed and where.
+    A failing rank contributes NaN as its weight. Healthy weights are finite and
+    >= 0, so the sum is NaN exactly when some rank failed; only then do all ranks
+    (every one of them sees the NaN) run a second all-reduce of per-rank phase
+    codes that names who failed and where. A healthy update costs one two-element
+    all-reduce: on Gloo, three or more elements cost two to three times as much
+    (benchmarks/gloo_allreduce_sizes.py).
     """
-    n = world_size()
-    me = rank()
-    buf = torch.zeros(2 + n, dtype=torch.float64)
-    if failure_phase is None:
-        buf[0] = weight
-        buf[1] = weighted_loss
-    else:
-        buf[2 + me] = PHASES.index(failure_phase) + 1
+    failed = failure_phase is not None
+    buf = torch.tensor(
+        [math.nan if failed else weight, 0.0 if failed else weighted_loss], dtype=torch.float64
+    )
     if dist.is_initialized():
         buf = buf.to(device)
         dist.all_reduce(buf)
-        buf = buf.cpu()
-    values = buf.tolist()
+    total_weight, weighted_loss_sum = buf.tolist()
+    if not math.isnan(total_weight):
+        return Agreement(total_weight, weighted_loss_sum, ())
+    codes = torch.zeros(world_size(), dtype=torch.float64)
+    if failed:
+        codes[rank()] = PHASES.index(failure_phase) + 1
+    if dist.is_initialized():
+        codes = codes.to(device)
+        dist.all_reduce(codes)
     failures = tuple(
-        (r, PHASES[int(code) - 1]) for r, code in enumerate(values[2:]) if int(code) > 0
+        (r, PHASES[int(code) - 1]) for r, code in enumerate(codes.tolist()) if int(code) > 0
     )
-    return Agreement(values[0], values[1], failures)
+    return Agreement(math.nan, math.nan, failures)
 
 
 def raise_agreed_failure(agreement: Agreement, local_error: BaseException | None) -> None:

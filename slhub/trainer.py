@@ -9,6 +9,7 @@
         try:    batch = sample(generator); result = objective(batch)   # inside DDP
         except: err = (phase, exception)
         agreed = agree(result.weight, weight*loss, err or held)   # ONE all_reduce per update
+                                                   # (+1 naming the origin, only on failure)
         if agreed.failed: raise the same RankFailure on every rank (origin rank, phase)
         if agreed.total_weight == 0: backward(exact zero); no optimizer step (skipped update)
         elif result.weight == 0:     backward(exact zero)               # contributes nothing
