@@ -53,6 +53,8 @@ def new_identity(
 
 def claim(folder: Path, identity: dict[str, Any]) -> None:
     """Claim an artifact-free directory by creating run.json exclusively."""
+    if folder.exists() and not folder.is_dir():
+        raise ArtifactError(f"{folder}: trainer.output_dir exists and is not a directory")
     found = artifacts_in(folder)
     if found:
         raise ArtifactError(
