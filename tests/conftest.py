@@ -74,6 +74,13 @@ def write_recipe(path: Path, base: Path = SL_DDP, **changes: Any) -> Path:
     return path
 
 
+def metrics_of(folder: Path) -> list[dict[str, Any]]:
+    """Every line of a run's metrics.jsonl, read as slhub itself reads it."""
+    from slhub.artifacts import METRICS_FILE, read_metrics
+
+    return read_metrics(folder / METRICS_FILE)
+
+
 def load(path: Path) -> dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=True)
 

@@ -14,15 +14,12 @@ from conftest import (
     assert_tree_equal,
     launch_workers,
     load,
+    metrics_of,
     one_line_error,
     run_cli,
     run_torchrun,
     write_recipe,
 )
-
-
-def _metrics(folder: Path) -> list[dict]:
-    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
 
 
 def _recipe(tmp_path: Path, name: str, plugin: str, **changes) -> Path:
@@ -82,9 +79,9 @@ def test_interrupted_and_resumed_run_is_bit_identical(recovery_runs):
     assert not torch.equal(r0["buffers"]["input_mean"], r1["buffers"]["input_mean"])
     assert not torch.equal(r0["sampler"], r1["sampler"])
     assert not torch.equal(r0["rng"]["torch"], r1["rng"]["torch"])
-    later = lambda folder: [m for m in _metrics(folder) if m["step"] > 6]  # noqa: E731
+    later = lambda folder: [m for m in metrics_of(folder) if m["step"] > 6]  # noqa: E731
     assert later(continuous) == later(resumed) and len(later(resumed)) == 8
-    assert [m["step"] for m in _metrics(resumed) if "train/loss" in m] == list(range(1, 13))
+    assert [m["step"] for m in metrics_of(resumed) if "train/loss" in m] == list(range(1, 13))
 
 
 def test_resume_with_another_world_size_names_both(recovery_runs, tmp_path: Path):
@@ -171,7 +168,7 @@ def test_weighted_update_matches_concatenated_batch_oracle(tmp_path: Path):
     )
     proc = run_torchrun("train", "--config", str(recipe))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    weights = {m["step"]: m["train/weight"] for m in _metrics(out)}
+    weights = {m["step"]: m["train/weight"] for m in metrics_of(out)}
     assert weights[1] != weights[3]  # unequal valid counts happen
     for steps in (1, 3):
         ckpt = load(out / f"step_{steps}.pt")
@@ -191,7 +188,7 @@ def test_sl_ddp_under_torchrun_writes_only_rank0_artifacts(tmp_path: Path):
         "step_100.pt",
         "step_200.pt",
     ]
-    assert [m["step"] for m in _metrics(out) if "validation/mse" in m] == [50, 100, 150, 200]
+    assert [m["step"] for m in metrics_of(out) if "validation/mse" in m] == [50, 100, 150, 200]
     assert json.loads((out / "run.json").read_text())["world_size"] == 2
     assert len(load(out / "last.pt")["ranks"]) == 2
     assert "rank=1" not in proc.stderr  # rank 1 logs warnings only
@@ -210,7 +207,7 @@ def test_one_python_collective_per_update(tmp_path: Path):
     )
     seconds, results = launch_workers("train", "--config", str(recipe))
     assert [rc for rc, _ in results] == [0, 0], results[0][1][-2000:]
-    counts = [m["train/collectives"] for m in _metrics(out)]
+    counts = [m["train/collectives"] for m in metrics_of(out)]
     assert counts[1:] == [1] * 7  # update 1 also sees start-up; later updates: the agreement only
 
 
@@ -232,7 +229,7 @@ def test_update_with_zero_total_weight_is_skipped(tmp_path: Path):
     assert_tree_equal(step1["optimizer"], step2["optimizer"])
     assert not torch.equal(step2["model"]["0.weight"], step3["model"]["0.weight"])
     assert all(torch.isfinite(v).all() for v in step3["model"].values())
-    line2 = next(m for m in _metrics(out) if m["step"] == 2)
+    line2 = next(m for m in metrics_of(out) if m["step"] == 2)
     assert line2["train/loss"] is None and line2["train/weight"] == 0
 
 

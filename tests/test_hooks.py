@@ -4,7 +4,6 @@ by a ``test_hook_<name>`` below, each exercising the hook through a real trainin
 from __future__ import annotations
 
 import inspect
-import json
 import re
 import sys
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, SL_DDP, load, one_line_error, run_cli
+from conftest import REPO, SL_DDP, load, metrics_of, one_line_error, run_cli
 from slhub import hookspecs
 from slhub.errors import PluginError, RankFailure, RecipeError
 from slhub.trainer import sampler_seed, train
@@ -56,10 +55,6 @@ def _run(tmp_path: Path, plugin: str, *overrides: str, name: str = "out", resume
         resume=str(resume) if resume else None,
     )
     return out
-
-
-def _metrics(folder: Path) -> list[dict]:
-    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
 
 
 SHORT = ("trainer.steps=4", "trainer.validate_every=2", "trainer.save_every=2")
@@ -106,7 +101,7 @@ def test_hook_scale_loss(tmp_path: Path):
 
 def test_hook_on_commit(tmp_path: Path):
     out = _run(tmp_path, "slhub_testplugins:HookProbe", *SHORT)
-    commits = [m["train/probe_commits"] for m in _metrics(out) if "train/loss" in m]
+    commits = [m["train/probe_commits"] for m in metrics_of(out) if "train/loss" in m]
     assert commits == [1, 2, 3, 4]
 
 
@@ -115,7 +110,7 @@ def test_hook_validate(tmp_path: Path, monkeypatch):
     and validation's own random draws do not shift the training stream."""
     monkeypatch.setenv("SLHUB_PROBE_SAVE_BEST", "1")
     out = _run(tmp_path, "slhub_testplugins:HookProbe", *SHORT)
-    lines = [m for m in _metrics(out) if "validation/probe_step" in m]
+    lines = [m for m in metrics_of(out) if "validation/probe_step" in m]
     assert [(m["step"], m["validation/probe_step"]) for m in lines] == [(2, 2.0), (4, 4.0)]
     best = load(out / "best.pt")
     assert best["step"] == 4 and torch.equal(
@@ -142,7 +137,7 @@ def test_hook_restore(tmp_path: Path):
         tmp_path, "slhub_testplugins:HookProbe", *SHORT, name="r", resume=out / "step_2.pt"
     )
     assert RECORD["restore"] == [{"commits": 2}]
-    commits = [m["train/probe_commits"] for m in _metrics(resumed) if "train/loss" in m]
+    commits = [m["train/probe_commits"] for m in metrics_of(resumed) if "train/loss" in m]
     assert commits == [3, 4]
 
 

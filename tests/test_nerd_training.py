@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, assert_tree_equal, load, run_cli, run_torchrun, write_recipe
+from conftest import REPO, assert_tree_equal, load, metrics_of, run_cli, run_torchrun, write_recipe
 from slhub import cli
 from slhub.builtin.nerd.plugin import NerdPlugin
 from slhub.checkpoint import to_v1
@@ -18,10 +18,6 @@ from slhub.export import load as load_export
 from slhub.exporting import run_export
 
 NERD = REPO / "examples" / "nerd" / "cartpole" / "sl.train.yaml"
-
-
-def _metrics(folder: Path) -> list[dict]:
-    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +89,7 @@ def _trained_model(ckpt: dict, tmp_path: Path) -> torch.nn.Module:
 
 def test_training_logs_rollout_and_baseline_validation(runs):
     for name in ("single", "ddp"):
-        lines = [m for m in _metrics(runs[name]) if "validation/one_step_mse" in m]
+        lines = [m for m in metrics_of(runs[name]) if "validation/one_step_mse" in m]
         assert [m["step"] for m in lines] == [3, 6]
         for key in ("rollout_mse_2", "rollout_mse_8", "baseline_mse_2", "baseline_mse_8"):
             assert lines[-1][f"validation/{key}"] >= 0
@@ -106,7 +102,7 @@ def test_interrupted_and_resumed_two_worker_run_is_bit_identical(runs):
     for key in ("model", "optimizer", "ranks"):
         assert_tree_equal(a[key], b[key], key)
     assert len(a["ranks"]) == 2
-    later = lambda folder: [m for m in _metrics(folder) if m["step"] > 3]  # noqa: E731
+    later = lambda folder: [m for m in metrics_of(folder) if m["step"] > 3]  # noqa: E731
     assert later(runs["ddp"]) == later(runs["resumed"]) and len(later(runs["ddp"])) == 4
 
 

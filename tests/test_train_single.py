@@ -9,15 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SL_DDP, assert_tree_equal, load, one_line_error, run_cli
+from conftest import SL_DDP, assert_tree_equal, load, metrics_of, one_line_error, run_cli
 
 
 def _digests(folder: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
-
-
-def _metrics(folder: Path) -> list[dict]:
-    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
@@ -31,11 +27,11 @@ def trained(tmp_path_factory) -> Path:
 def test_run_writes_artifacts_and_validation_falls(trained: Path):
     names = {p.name for p in trained.iterdir()}
     assert names == {"run.json", "metrics.jsonl", "step_100.pt", "step_200.pt", "last.pt"}
-    validation = [m for m in _metrics(trained) if "validation/mse" in m]
+    validation = [m for m in metrics_of(trained) if "validation/mse" in m]
     assert [m["step"] for m in validation] == [50, 100, 150, 200]
     mse = [m["validation/mse"] for m in validation]
     assert all(b < a for a, b in zip(mse, mse[1:])), mse
-    train_steps = [m["step"] for m in _metrics(trained) if "train/loss" in m]
+    train_steps = [m["step"] for m in metrics_of(trained) if "train/loss" in m]
     assert train_steps == list(range(1, 201))
     identity = json.loads((trained / "run.json").read_text())
     assert identity["world_size"] == 1 and len(identity["run_id"]) == 32
@@ -74,8 +70,8 @@ def test_resume_into_fresh_directory_is_exact(trained: Path, tmp_path: Path):
     original, resumed = load(trained / "last.pt"), load(fresh / "last.pt")
     for key in ("step", "model", "optimizer", "ranks", "scheduler"):
         assert_tree_equal(original[key], resumed[key], key)
-    later = [m for m in _metrics(trained) if m["step"] > 100]
-    assert _metrics(fresh) == later and len(later) == 102  # 100 updates + 2 validations
+    later = [m for m in metrics_of(trained) if m["step"] > 100]
+    assert metrics_of(fresh) == later and len(later) == 102  # 100 updates + 2 validations
     identity = json.loads((fresh / "run.json").read_text())
     assert identity["resumed_from"]["step"] == 100
     assert identity["resumed_from"]["run_id"] == original["run"]["run_id"]
