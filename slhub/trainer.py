@@ -299,21 +299,23 @@ class Trainer:
     def _gather_committed(self) -> list[dict[str, Any]] | None:
         """Every rank's ``save`` contributions, gathered to rank 0 (a collective).
 
-        A rank whose contributions fail (a plugin error, a state that cannot be
-        pickled) still joins the gather, with a marker instead of its state, so
+        Each rank pickles its state itself, once, and sends the bytes: a state
+        that cannot be pickled fails on its own rank, outside the collective. A
+        rank whose contributions fail still joins the gather, sending None, so
         no rank is left waiting; the error is held for the next agreement and
         rank 0 writes nothing from this boundary.
         """
+        payload: bytes | None
         try:
-            local: Any = self._local_state()
+            payload = pickle.dumps(self._local_state())
         except Exception as exc:  # noqa: BLE001 - held for the next agreement
             LOG.error("checkpoint state failed", error=str(exc))
             self._held = self._held or ("checkpoint I/O", exc)
-            local = _FAILED
-        gathered = distributed.gather_to_rank0(local)
-        if gathered is not None and any(entry is _FAILED for entry in gathered):
+            payload = None
+        gathered = distributed.gather_to_rank0(payload)
+        if gathered is None or any(entry is None for entry in gathered):
             return None
-        return gathered
+        return [pickle.loads(entry) for entry in gathered]
 
     def _local_state(self) -> dict[str, Any]:
         local: dict[str, Any] = {}
@@ -322,7 +324,6 @@ class Trainer:
                 if key in local:
                     raise PluginError(f"two plugins contribute checkpoint key {key!r}")
                 local[key] = value
-        pickle.dumps(local)  # fail here, on this rank, rather than inside the collective
         return local
 
     def save(self, name: str | None = None) -> Path | None:
@@ -360,9 +361,6 @@ class Trainer:
             self.metrics.sync()
         LOG.info("checkpoint", path=str(path))
         return path
-
-
-_FAILED = "slhub:rank-state-failed"
 
 
 def _scalar(value: Any) -> Any:

@@ -114,6 +114,12 @@ class FaultInjector(SlDdpPlugin):
         return super().validate(trainer, model, step)
 
     @hookimpl
+    def save(self, trainer):
+        if self._due(trainer, "state", trainer.step):
+            return {"fault": lambda: None}  # cannot be pickled: fails on this rank only
+        return None
+
+    @hookimpl
     def on_commit(self, trainer, step):
         if self._due(trainer, "io", step):
             out = Path(trainer.config.output_dir)

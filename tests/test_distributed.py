@@ -242,6 +242,7 @@ def test_update_with_zero_total_weight_is_skipped(tmp_path: Path):
         ("nonfinite", 1, "rank 1 failed during non-finite loss"),
         ("validation", 0, "rank 0 failed during validation"),
         ("io", 0, "rank 0 failed during checkpoint I/O"),
+        ("state", 1, "rank 1 failed during checkpoint I/O"),
     ],
 )
 def test_rank_local_failure_fails_every_rank_with_origin(tmp_path, phase, rank, expected):
@@ -264,9 +265,12 @@ def test_rank_local_failure_fails_every_rank_with_origin(tmp_path, phase, rank, 
         assert len(error_lines) == 1 and expected in error_lines[0], err[-2000:]
         if worker_rank == rank:
             detail = error_lines[0].split(expected, 1)[1]
-            assert any(w in detail for w in ("injected", "loss is nan", "Not a directory")), detail
+            causes = ("injected", "loss is nan", "Not a directory", "pickle")
+            assert any(w in detail for w in causes), detail
     if phase == "admission":
         assert not out.exists()  # nothing claimed when a rank could not start
+    if phase == "state":
+        assert not (out / "step_2.pt").exists()  # no checkpoint from a failed gather
 
 
 def test_torchrun_failure_ends_the_job_nonzero(tmp_path: Path):
