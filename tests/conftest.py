@@ -61,6 +61,26 @@ def run_torchrun(*args: str, nproc: int = 2, env: dict[str, str] | None = None, 
     )
 
 
+def train_stopped_then_resumed(
+    recipe: Path, stop_at: int, stopped: Path, resumed: Path | None = None
+) -> Path:
+    """Under 2 torchrun workers: train to update ``stop_at`` into ``stopped``, then resume
+    from its ``step_{stop_at}.pt`` to the recipe's ``trainer.steps``, into ``resumed``
+    (in place when None). Returns the directory holding the finished run."""
+    proc = run_torchrun(
+        "train", "--config", str(recipe),
+        "--set", f"trainer.steps={stop_at}", "--set", f"trainer.output_dir={stopped}",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    target = resumed or stopped
+    proc = run_torchrun(
+        "train", "--config", str(recipe), "--set", f"trainer.output_dir={target}",
+        "--resume", str(stopped / f"step_{stop_at}.pt"),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return target
+
+
 def write_recipe(path: Path, base: Path = SL_DDP, **changes: Any) -> Path:
     """Copy a recipe with ``section__key=value`` changes applied."""
     data = yaml.safe_load(base.read_text())
@@ -167,3 +187,9 @@ def launch_workers(*args: str, nproc: int = 2, env: dict[str, str] | None = None
             raise
         results.append((proc.returncode, err))
     return time.monotonic() - start, results
+
+
+def launch_workers_ok(*args: str, **kwargs: Any) -> None:
+    """:func:`launch_workers`, asserting that every worker exits 0."""
+    _, results = launch_workers(*args, **kwargs)
+    assert [rc for rc, _ in results] == [0] * len(results), results[0][1][-2000:]

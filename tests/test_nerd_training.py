@@ -10,7 +10,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, assert_tree_equal, load, metrics_of, run_cli, run_torchrun, write_recipe
+from conftest import (
+    REPO,
+    assert_tree_equal,
+    load,
+    metrics_of,
+    run_cli,
+    run_torchrun,
+    train_stopped_then_resumed,
+    write_recipe,
+)
 from slhub import cli
 from slhub.builtin.nerd.plugin import NerdPlugin
 from slhub.checkpoint import to_v1
@@ -49,28 +58,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     proc = run_torchrun("train", "--config", str(recipe))
     assert proc.returncode == 0, proc.stderr[-3000:]
     out["ddp"] = tmp / "ddp"
-    proc = run_torchrun(
-        "train",
-        "--config",
-        str(recipe),
-        "--set",
-        "trainer.steps=3",
-        "--set",
-        f"trainer.output_dir={tmp}/stopped",
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    proc = run_torchrun(
-        "train",
-        "--config",
-        str(recipe),
-        "--set",
-        "trainer.steps=6",
-        "--set",
-        f"trainer.output_dir={tmp}/resumed",
-        "--resume",
-        str(tmp / "stopped" / "step_3.pt"),
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    train_stopped_then_resumed(recipe, 3, tmp / "stopped", tmp / "resumed")
     out["resumed"] = tmp / "resumed"
     return out
 
