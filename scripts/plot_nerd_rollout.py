@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from slhub.builtin.nerd.cartpole import generate_trajectories
+from slhub.data import generate_trajectories, wrap_angle
 from slhub.export import load
 
 
@@ -54,7 +54,7 @@ def main() -> None:
 
     def mse(pred: np.ndarray) -> float:
         diff = pred - truth
-        diff[..., 1] = (diff[..., 1] + np.pi) % (2 * np.pi) - np.pi
+        diff[..., 1] = wrap_angle(diff[..., 1])
         return float(np.mean(diff**2))
 
     print(

@@ -1,9 +1,36 @@
-"""slhub: a plugin-registry microframework for supervised robot learning."""
+"""slhub: a plugin-registry microframework for supervised robot learning.
 
+The public face for plugin authors and users: the hook marker and contract
+types, the error a plugin raises for a one-line user error, the process-group
+scope and the Python entry to training. Everything else is internal.
+
+``train`` is imported on first use, so ``import slhub`` (and loading an export
+with ``slhub.export.load``) does not load the training engine.
+"""
+
+from typing import Any
+
+from slhub._version import __version__
 from slhub.distributed import distributed_run
-from slhub.hookspecs import LossResult, hookimpl
+from slhub.errors import SlhubError
+from slhub.hookspecs import LossResult, Trainer, hookimpl
 from slhub.recipe import load_recipe
 
-__version__ = "0.1.0"
+__all__ = [
+    "LossResult",
+    "SlhubError",
+    "Trainer",
+    "__version__",
+    "distributed_run",
+    "hookimpl",
+    "load_recipe",
+    "train",
+]
 
-__all__ = ["LossResult", "__version__", "distributed_run", "hookimpl", "load_recipe"]
+
+def __getattr__(name: str) -> Any:
+    if name == "train":
+        from slhub.run import train
+
+        return train
+    raise AttributeError(f"module 'slhub' has no attribute {name!r}")

@@ -1,13 +1,21 @@
-"""Checkpoint schema (v1 and v2), atomic writes, safe loads and resume compatibility.
+"""The checkpoint component: the one owner of the v2/v1 schema.
+
+It builds a checkpoint (:func:`build`), validates one that was read
+(:func:`check_layout`), gathers every rank's state to rank 0
+(:func:`gather_rank_states`), writes atomically (:func:`save_checkpoint`),
+loads safely (:func:`load_checkpoint`), checks resume compatibility and
+describes a checkpoint for people (:func:`describe`). ``slhub inspect``,
+``slhub export`` and the loop use these and know no key names of their own.
 
 v2 (written by slhub): ``format``, ``step``, ``run``, ``model``, ``optimizer``,
-``scheduler``, ``ranks`` (one entry per global rank), ``plugins``.
+``scheduler``, ``ranks`` (one entry per global rank).
 v1 (single-device layout, before run identities): ``step``, ``model``,
 ``optimizer``, ``rng`` and no ``format``; read for export and for a resume into
 a fresh destination only.
 
 Checkpoints are always read with ``torch.load(weights_only=True)``: a file that
-needs pickle to load is refused, never executed.
+needs pickle to load is refused, never executed, and nothing in a checkpoint
+ever chooses code to import.
 """
 
 from __future__ import annotations
@@ -17,19 +25,93 @@ import io
 import os
 import pickle
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from slhub import distributed
 from slhub.errors import CheckpointError
 from slhub.recipe import recipe_differences
 
 FORMAT_V2 = "slhub.checkpoint/2"
 V1_KEYS = frozenset({"step", "model", "optimizer", "rng"})
-V2_KEYS = frozenset(
-    {"format", "step", "run", "model", "optimizer", "scheduler", "ranks", "plugins"}
-)
+V2_KEYS = frozenset({"format", "step", "run", "model", "optimizer", "scheduler", "ranks"})
+
+
+def build(
+    *,
+    step: int,
+    run: dict[str, Any],
+    model: dict[str, Any],
+    optimizer: dict[str, Any],
+    scheduler: dict[str, Any] | None,
+    ranks: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """A v2 checkpoint: the committed update ``step`` of run ``run``.
+
+    :param model: the unwrapped model's ``state_dict()``.
+    :param optimizer: the optimizer's ``state_dict()``.
+    :param scheduler: schedule (and scaler) state, or None.
+    :param ranks: every rank's merged ``save`` contributions, by global rank.
+    """
+    return {
+        "format": FORMAT_V2,
+        "step": step,
+        "run": run,
+        "model": model,
+        "optimizer": optimizer,
+        "scheduler": scheduler,
+        "ranks": ranks,
+    }
+
+
+def step_of(checkpoint: dict[str, Any]) -> int:
+    """The committed update a (validated) checkpoint holds."""
+    return int(checkpoint["step"])
+
+
+def run_of(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
+    """The run identity of a v2 checkpoint; None for v1, which has none."""
+    return checkpoint["run"] if version_of(checkpoint) == 2 else None
+
+
+def plugins_of(run: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The plugin sources a run identity records, model plugin first.
+
+    Identities written before runs composed several plugins record one
+    ``source.plugin``; it reads as a one-element list.
+    """
+    source = (run or {}).get("source") or {}
+    if isinstance(source.get("plugins"), list):
+        return source["plugins"]
+    single = source.get("plugin")
+    return [{**single, "role": "model"}] if isinstance(single, dict) else []
+
+
+def gather_rank_states(
+    local_state: Callable[[], dict[str, Any]],
+) -> tuple[list[dict[str, Any]] | None, BaseException | None]:
+    """Every rank's ``save`` state, gathered to rank 0 (a collective on every rank).
+
+    Each rank pickles its state itself, once, and sends the bytes: a state that
+    cannot be made or pickled fails on its own rank, outside the collective. A
+    rank that fails still joins the gather, sending None, so no rank is left
+    waiting. Returns ``(states, error)``: ``states`` is the list by rank on
+    rank 0 when every rank succeeded (None otherwise, and on other ranks);
+    ``error`` is this rank's own failure, to be held for the next agreement.
+    """
+    payload: bytes | None
+    error: BaseException | None = None
+    try:
+        payload = pickle.dumps(local_state())
+    except Exception as exc:  # noqa: BLE001 - returned, held for the next agreement
+        error, payload = exc, None
+    gathered = distributed.gather_to_rank0(payload)
+    if gathered is None or any(entry is None for entry in gathered):
+        return None, error
+    return [pickle.loads(entry) for entry in gathered], error
 
 
 def serialize(checkpoint: dict[str, Any]) -> bytes:
@@ -113,24 +195,57 @@ def _reason(exc: BaseException) -> str:
 
 
 def check_layout(data: Any, path: str | Path) -> int:
-    """The checkpoint's version (1 or 2); raise for anything else."""
+    """The checkpoint's version (1 or 2); raise one line for anything else.
+
+    Beyond the keys, the types every reader relies on are checked here, so a
+    damaged but safe-to-load file fails with a line, not deep in a reader.
+    """
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: not a slhub checkpoint (holds a {type(data).__name__})")
     fmt = data.get("format")
     if fmt is None:
-        if V1_KEYS <= set(data):
-            return 1
-        raise CheckpointError(
-            f"{path}: not a slhub checkpoint (keys: {', '.join(sorted(map(str, data))) or 'none'})"
-        )
-    if fmt != FORMAT_V2:
+        if not V1_KEYS <= set(data):
+            keys = ", ".join(sorted(map(str, data))) or "none"
+            raise CheckpointError(f"{path}: not a slhub checkpoint (keys: {keys})")
+        version = 1
+    elif fmt != FORMAT_V2:
         raise CheckpointError(f"{path}: foreign checkpoint format {fmt!r} (expected {FORMAT_V2})")
-    missing = V2_KEYS - set(data)
-    if missing:
-        raise CheckpointError(
-            f"{path}: damaged v2 checkpoint (missing {', '.join(sorted(missing))})"
-        )
-    return 2
+    else:
+        missing = V2_KEYS - set(data)
+        if missing:
+            raise CheckpointError(
+                f"{path}: damaged v2 checkpoint (missing {', '.join(sorted(missing))})"
+            )
+        version = 2
+    problem = _type_problem(data, version)
+    if problem:
+        raise CheckpointError(f"{path}: damaged v{version} checkpoint ({problem})")
+    return version
+
+
+def _type_problem(data: dict[str, Any], version: int) -> str | None:
+    step = data["step"]
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        return f"step is {step!r}, expected an int >= 0"
+    model = data["model"]
+    if not isinstance(model, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in model.items()
+    ):
+        return "model is not a state dict of named tensors"
+    if not isinstance(data["optimizer"], dict):
+        return "optimizer is not a state dict"
+    if version == 1:
+        return None if isinstance(data["rng"], dict) else "rng is not a dict"
+    run, ranks = data["run"], data["ranks"]
+    if not isinstance(run, dict) or not isinstance(run.get("world_size"), int):
+        return "run is not a run identity"
+    if not isinstance(ranks, list) or not all(isinstance(r, dict) for r in ranks):
+        return "ranks is not a list of per-rank states"
+    if len(ranks) != run["world_size"]:
+        return f"ranks has {len(ranks)} entries for world size {run['world_size']}"
+    if data["scheduler"] is not None and not isinstance(data["scheduler"], dict):
+        return "scheduler is neither None nor a state dict"
+    return None
 
 
 def version_of(checkpoint: dict[str, Any]) -> int:
@@ -161,10 +276,10 @@ def check_resume_compatible(
     path: str | Path,
     *,
     recipe: dict[str, Any],
-    plugin_source: dict[str, Any],
+    plugins: list[dict[str, Any]],
     world_size: int,
 ) -> None:
-    """Refuse a resume whose world size, recipe or plugin source differs, naming the difference."""
+    """Refuse a resume whose world size, recipe or plugin set differs, naming the difference."""
     if version_of(checkpoint) == 1:
         if world_size != 1:
             raise CheckpointError(
@@ -179,6 +294,12 @@ def check_resume_compatible(
             f"{path}: checkpoint was written with world size {saved_world}, this run has world "
             f"size {world_size}; exact recovery needs the same world size"
         )
+    saved = plugins_of(run)
+    if [_comparable_source(p) for p in saved] != [_comparable_source(p) for p in plugins]:
+        raise CheckpointError(
+            f"{path}: plugins differ: checkpoint has {_describe_all(saved)}, "
+            f"this run has {_describe_all(plugins)}"
+        )
     differences = recipe_differences(run.get("recipe", {}), recipe)
     if differences:
         shown = "; ".join(differences[:5]) + ("; ..." if len(differences) > 5 else "")
@@ -186,16 +307,62 @@ def check_resume_compatible(
             f"{path}: recipe differs from the checkpoint's (only trainer.output_dir and "
             f"trainer.steps may change): {shown}"
         )
-    saved_plugin = run.get("source", {}).get("plugin")
-    if saved_plugin != plugin_source:
-        raise CheckpointError(
-            f"{path}: plugin source differs: checkpoint has {_describe(saved_plugin)}, "
-            f"this run has {_describe(plugin_source)}"
-        )
+
+
+def _comparable_source(source: dict[str, Any]) -> dict[str, Any]:
+    return {"role": "model", **source}
+
+
+def _describe_all(sources: list[dict[str, Any]]) -> str:
+    return ", ".join(_describe(s) for s in sources) or "none"
 
 
 def _describe(source: dict[str, Any] | None) -> str:
     if not source:
         return "none"
-    dist = f"{source.get('dist')} {source.get('version')}" if source.get("dist") else "no dist"
-    return f"{source.get('name')} ({source.get('object')}, {dist})"
+    dist = (
+        f"{source.get('dist')} {source.get('version')}" if source.get("dist") else "no distribution"
+    )
+    if not source.get("dist") and source.get("version"):
+        dist += f", version {source.get('version')}"
+    role = "" if source.get("role", "model") == "model" else f" [{source.get('role')}]"
+    return f"{source.get('name')} ({source.get('object')}, {dist}){role}"
+
+
+# ---------------------------------------------------------------------- inspect
+
+
+def describe(path: str | Path) -> str:
+    """``slhub inspect``: a short multi-line description of a v1 or v2 checkpoint."""
+    ckpt = load_checkpoint(path)
+    model = ckpt["model"]
+    n_values = sum(t.numel() for t in model.values())
+    dtypes = sorted({str(v.dtype).removeprefix("torch.") for v in model.values()})
+    opt_state = ckpt["optimizer"].get("state", {})
+    lines = [
+        f"checkpoint: {path}",
+        f"format:     {ckpt.get('format', 'v1 (single-device layout, no format key)')}",
+        f"step:       {step_of(ckpt)}",
+        f"model:      {len(model)} tensors, {n_values} values ({', '.join(dtypes)})",
+        f"optimizer:  state for {len(opt_state) if isinstance(opt_state, dict) else 0} parameters",
+    ]
+    run = run_of(ckpt)
+    if run is None:
+        return "\n".join(
+            lines
+            + ["run:        none (v1 resumes only into a fresh output directory)", "world size: 1"]
+        )
+    ranks = ckpt["ranks"]
+    keys = sorted({str(k) for entry in ranks for k in entry})
+    plugins = plugins_of(run)
+    lines += [
+        f"run:        {run.get('run_id')} (created {run.get('created')})",
+        f"world size: {run.get('world_size')}",
+        f"plugin:     {_describe(plugins[0] if plugins else None)}",
+    ]
+    lines += [f"plugins:    {_describe(extra)}" for extra in plugins[1:]]
+    lines += [
+        f"ranks:      {len(ranks)} entries holding {', '.join(keys) or 'nothing'}",
+        f"scheduler:  {'yes' if ckpt['scheduler'] is not None else 'none'}",
+    ]
+    return "\n".join(lines)

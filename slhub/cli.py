@@ -3,7 +3,7 @@
 slhub train --config RECIPE.yaml [--set a.b=VALUE ...] [--resume CKPT] [--log-format json]
 slhub plugins
 slhub inspect CKPT
-slhub export --checkpoint CKPT --out DIR
+slhub export --checkpoint CKPT --out DIR [--plugin NAME]
 """
 
 from __future__ import annotations
@@ -50,11 +50,17 @@ def build_parser() -> argparse.ArgumentParser:
     export = sub.add_parser("export", help="export a checkpoint for inference")
     export.add_argument("--checkpoint", required=True, metavar="CKPT")
     export.add_argument("--out", required=True, metavar="DIR")
+    export.add_argument(
+        "--plugin",
+        metavar="NAME",
+        help="plugin to export with (entry-point name or package.module:object); "
+        "default: the installed plugin the checkpoint names",
+    )
     return parser
 
 
 def _train(args: argparse.Namespace) -> None:
-    from slhub.trainer import train
+    from slhub.run import train
 
     train(args.config, args.overrides, resume=args.resume, log_format=args.log_format)
 
@@ -69,16 +75,16 @@ def _plugins(_: argparse.Namespace) -> None:
 
 
 def _inspect(args: argparse.Namespace) -> None:
-    from slhub.inspection import describe
+    from slhub.checkpoint import describe
 
     print(describe(args.checkpoint))
 
 
 def _export(args: argparse.Namespace) -> None:
-    from slhub.exporting import run_export
+    from slhub.export.command import run_export
 
-    out = run_export(args.checkpoint, args.out)
-    print(f"exported {args.checkpoint} to {out}")
+    done = run_export(args.checkpoint, args.out, plugin=args.plugin)
+    print(f"exported {args.checkpoint} to {done.path} with {done.plugin.describe()}")
 
 
 COMMANDS = {"train": _train, "plugins": _plugins, "inspect": _inspect, "export": _export}

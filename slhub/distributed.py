@@ -70,14 +70,30 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
+#: Devices of the ``distributed_run`` scopes this process is inside, innermost last.
+_SCOPES: list[torch.device] = []
+
+
+def current_device() -> torch.device | None:
+    """The device of the innermost enclosing :func:`distributed_run`, or None outside one.
+
+    ``slhub.train`` called inside a caller's scope trains on that device and
+    process group instead of opening its own from the recipe.
+    """
+    return _SCOPES[-1] if _SCOPES else None
+
+
 @contextmanager
-def distributed_run(device: str = "auto", timeout_s: float = 600.0) -> Iterator[torch.device]:
+def distributed_run(
+    device: str | torch.device = "auto", timeout_s: float = 600.0
+) -> Iterator[torch.device]:
     """Initialize the process group under torchrun and yield this worker's device.
 
     All ranks must enter this scope. It destroys only a group it created: a
     process group that exists on entry stays the caller's to destroy.
+    ``device`` is ``"auto"``, ``"cpu"``, ``"cuda"`` or a ``torch.device``.
     """
-    resolved = resolve_device(device)
+    resolved = device if isinstance(device, torch.device) else resolve_device(device)
     created = False
     if launched_by_torchrun() and not dist.is_initialized():
         if resolved.type == "cuda":
@@ -88,9 +104,11 @@ def distributed_run(device: str = "auto", timeout_s: float = 600.0) -> Iterator[
             device_id=resolved if resolved.type == "cuda" else None,
         )
         created = True
+    _SCOPES.append(resolved)
     try:
         yield resolved
     finally:
+        _SCOPES.pop()
         if created and dist.is_initialized():
             # A DistributedDataParallel wrapper still alive (held by a reference cycle)
             # when the group goes away aborts the process at exit under Gloo.

@@ -1,28 +1,37 @@
 """The slhub hook contract: every hook a plugin may implement, in lifecycle order.
 
-This module is the whole contract between the trainer and plugins. The trainer
-calls every hook with keyword arguments only, so implementations may accept any
-subset of the documented parameters (pluggy matches them by name).
+This module is the whole contract between the loop and plugins, and it imports
+nothing of slhub's implementation: what hooks receive as ``trainer`` is the
+:class:`Trainer` protocol below, not the engine. The loop calls every hook with
+keyword arguments only, so implementations may accept any subset of the
+documented parameters (pluggy matches them by name).
 
-Lifecycle on every rank (the step protocol lives in :mod:`slhub.trainer`):
+A run registers the built-in plugins, the recipe's extra ``plugins:`` and its
+one model plugin (``plugin:``). Lifecycle, on every rank unless stated
+(the step protocol itself is the docstring of :mod:`slhub.trainer`):
 
 1. Configuration: :func:`recipe_sections` (which recipe sections a plugin owns).
 2. Construction: :func:`build_model`.
-3. Every update: :func:`sample` -> :func:`objective` -> :func:`scale_loss`
+3. Resume: :func:`restore` (once, before the first update).
+4. Every update: :func:`sample` -> :func:`objective` -> :func:`scale_loss`
    -> optimizer step -> :func:`on_commit`.
-4. Boundaries: :func:`save` (every rank), :func:`validate` (rank 0 only).
-5. Resume: :func:`restore` (every rank, once, before the first update).
-6. Export (outside training): :func:`export`.
+5. Boundaries: :func:`save` (every rank), :func:`validate` (rank 0 only).
+6. Outside training: :func:`export`.
 
-Built-in defaults are registered with ``trylast=True`` so that a model package
-can override them.
+Calling order. pluggy calls the most recently registered plugin first, and the
+registry registers so that the **model plugin is called first**, then the
+extra plugins in recipe order, then the built-ins (whose defaults are
+``trylast=True``). Hooks marked *firstresult* stop at the first non-None
+result, so the model plugin decides them; ``build_model``, ``sample``,
+``objective`` and ``export`` are model hooks that extra plugins may not
+implement. Every other hook calls every plugin.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import pluggy
 
@@ -31,11 +40,12 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
     from torch import nn
 
-    from slhub.trainer import Trainer
-
 PROJECT = "slhub"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
+
+#: Hooks only the model plugin (the recipe's ``plugin:``) may implement.
+MODEL_HOOKS: tuple[str, ...] = ("build_model", "sample", "objective", "export")
 
 
 @dataclass
@@ -56,6 +66,53 @@ class LossResult:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+@runtime_checkable
+class Trainer(Protocol):
+    """What every hook receives as ``trainer``: one rank's view of the running loop.
+
+    Plugins read the recipe and the rank's situation here and never reach into
+    the engine behind it, so the engine can change without breaking plugins.
+    :class:`slhub.testing.StandInTrainer` implements it for unit tests.
+    """
+
+    #: The validated ``trainer:`` section (steps, batch_size, lr, seed, ...).
+    config: Any
+    #: This rank's device (``cuda:LOCAL_RANK`` or CPU).
+    device: torch.device
+    #: Global rank and number of ranks.
+    rank: int
+    world_size: int
+    #: The last committed update (0 before the first).
+    step: int
+    #: The run directory (only rank 0 writes into it).
+    output_dir: Path
+    #: The original, unwrapped model (after ``build_model``).
+    model: nn.Module
+    #: The optimizer stepping ``model``'s parameters (read its ``param_groups`` for the lr).
+    optimizer: torch.optim.Optimizer
+    #: This rank's sampler generator, owned and checkpointed by the loop.
+    generator: torch.Generator
+
+    @property
+    def is_main(self) -> bool:
+        """True on rank 0, the rank that validates and writes artifacts."""
+
+    @property
+    def batch_size(self) -> int:
+        """``config.batch_size``: the per-worker batch size."""
+
+    def section(self, name: str) -> Any:
+        """The validated recipe section ``name`` (a pydantic model) a plugin owns."""
+
+    def save(self, name: str | None = None) -> Path | None:
+        """Write a checkpoint of the committed state now (``step_N.pt`` and last.pt).
+
+        From ``validate`` (rank 0) it writes the state gathered at that boundary
+        and issues no collective; anywhere else every rank must call it. Returns
+        the path on rank 0, None elsewhere.
+        """
+
+
 # --------------------------------------------------------------------------
 # Configuration
 # --------------------------------------------------------------------------
@@ -65,8 +122,9 @@ class LossResult:
 def recipe_sections() -> dict[str, type[BaseModel]]:
     """Declare the top-level recipe sections this plugin owns.
 
-    The core validates ``plugin`` and ``trainer`` itself; every other top-level
-    key must be claimed by exactly one plugin, whose pydantic model (with
+    Called on every rank during admission, every plugin. The core validates
+    ``plugin``, ``plugins`` and ``trainer`` itself; every other top-level key
+    must be claimed by exactly one plugin, whose pydantic model (with
     ``extra="forbid"``) validates it. Validated sections are read back with
     ``trainer.section(name)``.
 
@@ -82,14 +140,35 @@ def recipe_sections() -> dict[str, type[BaseModel]]:
 
 @hookspec(firstresult=True)
 def build_model(trainer: Trainer) -> nn.Module:
-    """Build the model, once per rank.
+    """Build the model, once per rank (model plugin only).
 
-    Called with torch seeded from ``trainer.config.seed`` identically on every rank,
-    so every rank builds the same initial parameters. The trainer moves the
-    module to ``trainer.device`` afterwards. Stops at the first non-None result.
+    Called on every rank with torch seeded from ``trainer.config.seed``
+    identically, so every rank builds the same initial parameters. The loop
+    moves the module to ``trainer.device`` afterwards. Raise
+    :class:`slhub.SlhubError` for a configuration the model cannot use: the
+    user sees its message as one line.
+    Stops at the first non-None result.
 
-    :param trainer: the running trainer (recipe, device, rank, world size).
+    :param trainer: this rank's :class:`Trainer`.
     :returns: the model as an ``nn.Module``.
+    """
+
+
+# --------------------------------------------------------------------------
+# Resume
+# --------------------------------------------------------------------------
+
+
+@hookspec
+def restore(trainer: Trainer, state: dict[str, Any]) -> None:
+    """Read this rank's state back from a checkpoint on resume.
+
+    Called on every rank once, every plugin, after model and optimizer are
+    loaded and before the first update. ``state`` is this rank's entry of the
+    checkpoint (for a v1 checkpoint: ``{"rng": ...}`` only); read your own key.
+
+    :param trainer: this rank's :class:`Trainer`.
+    :param state: what :func:`save` contributed on this rank, all plugins merged.
     """
 
 
@@ -99,33 +178,36 @@ def build_model(trainer: Trainer) -> nn.Module:
 
 
 @hookspec(firstresult=True)
-def sample(trainer: Trainer, generator: torch.Generator) -> Any:
-    """Draw this rank's local batch for one update.
+def sample(trainer: Trainer, generator: torch.Generator, step: int) -> Any:
+    """Draw this rank's local batch for one update (model plugin only).
 
-    ``trainer.batch_size`` is per worker. Draw only with ``generator``: it is
-    this rank's sampler stream, owned and checkpointed by the trainer, which
-    makes a resumed run draw exactly what the uninterrupted run drew.
+    Called on every rank, every update. ``trainer.batch_size`` is per worker.
+    Draw only with ``generator``: it is this rank's sampler stream, owned and
+    checkpointed by the loop, which makes a resumed run draw exactly what the
+    uninterrupted run drew.
     Stops at the first non-None result.
 
-    :param trainer: the running trainer.
+    :param trainer: this rank's :class:`Trainer`.
     :param generator: this rank's sampler generator (CPU).
+    :param step: the number of the update this batch is for (1-based).
     :returns: the local batch, in any structure :func:`objective` accepts.
     """
 
 
 @hookspec(firstresult=True)
-def objective(trainer: Trainer, model: nn.Module, batch: Any) -> LossResult:
-    """Compute the local mean loss and its valid-supervision count.
+def objective(trainer: Trainer, model: nn.Module, batch: Any, step: int) -> LossResult:
+    """Compute the local mean loss and its valid-supervision count (model plugin only).
 
-    Runs inside the DistributedDataParallel-wrapped computation, so gradients
-    of ``model``'s parameters are reduced across ranks. ``trainer.step`` is the
-    last committed update while it runs.
+    Called on every rank, every update, inside the DistributedDataParallel
+    wrapped computation, so gradients of ``model``'s parameters are reduced
+    across ranks.
     Stops at the first non-None result.
 
-    :param trainer: the running trainer.
+    :param trainer: this rank's :class:`Trainer`.
     :param model: the model (the original module; its parameters are the ones
         DDP reduces).
     :param batch: what :func:`sample` returned on this rank.
+    :param step: the number of the update being computed (1-based).
     :returns: a :class:`LossResult`.
     """
 
@@ -134,13 +216,13 @@ def objective(trainer: Trainer, model: nn.Module, batch: Any) -> LossResult:
 def scale_loss(trainer: Trainer, result: LossResult, total_weight: float) -> torch.Tensor:
     """Turn a rank's local loss into the tensor that is back-propagated.
 
-    The built-in ``ddp_weighting`` plugin returns
+    Called on every rank whose weight is > 0, every update whose total weight
+    is > 0. The built-in ``ddp_weighting`` plugin returns
     ``loss * weight * world_size / total_weight`` so that DDP's gradient mean
-    equals the gradient of ``sum(w_r * L_r) / sum(w_r)``. It is only called
-    when ``total_weight > 0`` and this rank's weight is > 0.
+    equals the gradient of ``sum(w_r * L_r) / sum(w_r)``.
     Stops at the first non-None result.
 
-    :param trainer: the running trainer.
+    :param trainer: this rank's :class:`Trainer`.
     :param result: this rank's :class:`LossResult`.
     :param total_weight: the sum of every rank's weight for this update.
     :returns: a scalar tensor to call ``backward()`` on.
@@ -148,14 +230,15 @@ def scale_loss(trainer: Trainer, result: LossResult, total_weight: float) -> tor
 
 
 @hookspec
-def on_commit(trainer: Trainer, step: int, result: LossResult, metrics: dict[str, float]) -> None:
+def on_commit(trainer: Trainer, step: int, result: LossResult, metrics: dict[str, Any]) -> None:
     """React to a committed update (metrics, progress, schedules).
 
-    Called on every rank after the optimizer step (also after an update
-    skipped because every rank's weight was 0). Must not call collectives:
-    ranks reach this point at different times.
+    Called on every rank, every plugin, after the optimizer step (also after an
+    update skipped because every rank's weight was 0). Must not call
+    collectives: ranks reach this point at different times. An exception fails
+    every rank at the next agreement.
 
-    :param trainer: the running trainer.
+    :param trainer: this rank's :class:`Trainer`.
     :param step: the number of the update just committed (1-based).
     :param result: this rank's :class:`LossResult` for the update.
     :param metrics: the metrics line that rank 0 appends to metrics.jsonl for
@@ -172,44 +255,33 @@ def on_commit(trainer: Trainer, step: int, result: LossResult, metrics: dict[str
 def save(trainer: Trainer) -> dict[str, Any] | None:
     """Contribute this rank's state to the next checkpoint.
 
-    Called on every rank at every validation or save boundary, before
-    validation. The merged results of one rank become ``ranks[rank]`` in the
-    checkpoint (gathered to rank 0), so store only tensors, numbers, strings,
-    lists, tuples, dicts and None. Use a key named after your plugin; a key
-    contributed twice is an error.
+    Called on every rank, every plugin, at every validation or save boundary,
+    before validation. The merged results of one rank become that rank's entry
+    of the checkpoint (gathered to rank 0), so store only tensors, numbers,
+    strings, lists, tuples, dicts and None. Use one key named after your
+    plugin; a key contributed twice is an error.
 
-    :param trainer: the running trainer.
+    :param trainer: this rank's :class:`Trainer`.
     :returns: ``{key: state}`` or None.
     """
 
 
 @hookspec
 def validate(trainer: Trainer, model: nn.Module, step: int) -> dict[str, float] | None:
-    """Evaluate the model at a validation boundary, on rank 0 only.
+    """Evaluate the model at a validation boundary.
 
-    ``model`` is the unwrapped module in eval mode under ``torch.no_grad``; the
-    random state of every generator is restored afterwards, so validation does
-    not change the training stream. May call ``trainer.save()``, which writes the
-    state gathered at this boundary and issues no collective. An exception is
-    held and fails every rank at the next agreement.
+    Called on rank 0 only, every plugin. ``model`` is the unwrapped module in
+    eval mode under ``torch.no_grad``; the process-wide random streams (python,
+    numpy, torch, CUDA) are restored afterwards, so validation does not change
+    the training stream. Do not draw from ``trainer.generator`` here.
+    May call ``trainer.save()``, which writes the state gathered at this
+    boundary and issues no collective. An exception is held and fails every
+    rank at the next agreement.
 
-    :param trainer: the running trainer.
+    :param trainer: rank 0's :class:`Trainer`.
     :param model: the unwrapped model.
     :param step: the committed update being validated.
     :returns: ``{name: value}``, logged as ``validation/<name>``.
-    """
-
-
-@hookspec
-def restore(trainer: Trainer, state: dict[str, Any]) -> None:
-    """Read this rank's state back from a checkpoint on resume.
-
-    Called on every rank once, after model and optimizer are loaded and before
-    the first update. ``state`` is this rank's ``ranks[rank]`` entry (for a v1
-    checkpoint: ``{"rng": ...}`` only).
-
-    :param trainer: the running trainer.
-    :param state: what :func:`save` contributed on this rank, merged.
     """
 
 
@@ -220,11 +292,15 @@ def restore(trainer: Trainer, state: dict[str, Any]) -> None:
 
 @hookspec(firstresult=True)
 def export(checkpoint: dict[str, Any], checkpoint_path: Path, out_dir: Path) -> Path | None:
-    """Export a checkpoint for inference, if this plugin recognizes it.
+    """Export a checkpoint for inference (model plugin only).
 
-    ``slhub export`` calls this with every installed plugin registered (and,
-    for a v2 checkpoint, the plugin its run names). A plugin that does not
-    recognize the checkpoint returns None.
+    Called by ``slhub export`` in one process, outside training, on the
+    installed plugin whose name the checkpoint records (or the one the user
+    names with ``--plugin``); a v1 checkpoint, which records none, is offered
+    to every installed plugin. A plugin that does not recognize the
+    checkpoint returns None. Write an ``export.json`` with a ``kind`` that an
+    entry point of group ``slhub.exports`` loads, so ``slhub.export.load``
+    can read the result.
     Stops at the first non-None result.
 
     :param checkpoint: the loaded checkpoint (v1 or v2 layout).

@@ -1,9 +1,12 @@
 """Recipes: YAML files validated by pydantic, with ``--set a.b=VALUE`` overrides.
 
-A recipe has a top-level ``plugin`` (the model plugin), a ``trainer`` section
+A recipe has a top-level ``plugin`` (the model plugin), an optional ``plugins``
+list (further plugins: loggers, callbacks, metrics), a ``trainer`` section
 validated here, and any number of sections owned by plugins (declared through
-the ``recipe_sections`` hook). Every error becomes one :class:`RecipeError` line
-that names the file and the field path, e.g.
+the ``recipe_sections`` hook). From Python, ``plugin``/``plugins`` entries may be
+plugin objects instead of names (:func:`as_recipe`); the recipe then records
+their ``module:qualname`` and keeps the objects aside. Every error becomes one
+:class:`RecipeError` line that names the file and the field path, e.g.
 ``examples/sl_ddp/cpu.yaml: trainer.batch_size: must be > 0``.
 """
 
@@ -11,13 +14,15 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import inspect
 import json
 import re
+import types
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from slhub.errors import RecipeError
 
@@ -41,28 +46,51 @@ class TrainerConfig(BaseModel):
     timeout_s: float = Field(default=600.0, gt=0)
 
 
+#: Top-level keys the core validates itself; every other key is a plugin's section.
+CORE_KEYS: frozenset[str] = frozenset({"plugin", "plugins", "trainer"})
+
+
 class RecipeHead(BaseModel):
     """The keys the core owns; the rest are plugin sections."""
 
     model_config = ConfigDict(extra="allow")
 
     plugin: str = Field(min_length=1)
+    plugins: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
     trainer: TrainerConfig
+
+    @field_validator("plugins")
+    @classmethod
+    def _distinct(cls, names: list[str]) -> list[str]:
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"lists {', '.join(repeated)} more than once")
+        return names
 
 
 class Recipe:
     """A validated recipe: the raw mapping, the trainer section and plugin sections."""
 
-    def __init__(self, source: str, data: dict[str, Any], head: RecipeHead) -> None:
+    def __init__(
+        self,
+        source: str,
+        data: dict[str, Any],
+        head: RecipeHead,
+        objects: dict[str, Any] | None = None,
+    ) -> None:
         self.source = source
         self.data = data
         self.plugin = head.plugin
+        self.plugins = list(head.plugins)
         self.trainer = head.trainer
         self.sections: dict[str, BaseModel] = {}
+        #: Plugin objects given from Python, by the name the recipe records for them.
+        self.objects: dict[str, Any] = dict(objects or {})
 
     def to_dict(self) -> dict[str, Any]:
         """The recipe as plain data, with the trainer section's defaults filled in."""
         data = copy.deepcopy(self.data)
+        data["plugins"] = list(self.plugins)
         data["trainer"] = self.trainer.model_dump()
         for name, section in self.sections.items():
             data[name] = section.model_dump(mode="json")
@@ -75,12 +103,12 @@ class Recipe:
     def validate_sections(self, models: dict[str, type[BaseModel]]) -> None:
         """Validate every plugin-owned section; reject sections no plugin owns."""
         for key in self.data:
-            if key in ("plugin", "trainer"):
+            if key in CORE_KEYS:
                 continue
             if key not in models:
                 owned = ", ".join(sorted(models)) or "none"
                 raise RecipeError(
-                    f"{self.source}: {key}: unknown key (plugin {self.plugin!r} owns: {owned})"
+                    f"{self.source}: {key}: unknown key (the run's plugins own: {owned})"
                 )
         for name, model in models.items():
             raw = self.data.get(name, {})
@@ -94,7 +122,7 @@ class Recipe:
 
 def recipe_digest(data: dict[str, Any]) -> str:
     """Digest of a recipe mapping, ignoring ``RESUMABLE_KEYS``."""
-    comparable = copy.deepcopy(data)
+    comparable = _comparable(data)
     trainer = comparable.get("trainer", {})
     for key in RESUMABLE_KEYS:
         trainer.pop(key.split(".", 1)[1], None)
@@ -115,8 +143,16 @@ def recipe_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         elif a != b:
             out.append(f"{path} ({_show(a)} -> {_show(b)})")
 
-    walk(old, new, "")
+    walk(_comparable(old), _comparable(new), "")
     return out
+
+
+def _comparable(data: dict[str, Any]) -> dict[str, Any]:
+    """A copy in which an absent ``plugins`` list equals an empty one (older run identities)."""
+    comparable = copy.deepcopy(data)
+    if not comparable.get("plugins"):
+        comparable.pop("plugins", None)
+    return comparable
 
 
 _MISSING = object()
@@ -167,17 +203,22 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``--set`` overrides in order (a later one wins) to a copy of ``data``."""
-    data = copy.deepcopy(data)
+    """Apply ``--set`` overrides in order (a later one wins) to a copy of ``data``.
+
+    Only the mappings along each overridden path are copied, so plugin objects
+    elsewhere in ``data`` stay the caller's objects.
+    """
+    data = dict(data)
     for text in overrides:
         path, value = parse_override(text)
         node = data
         for part in path[:-1]:
             child = node.get(part)
             if child is None:
-                child = node[part] = {}
+                child = {}
             if not isinstance(child, dict):
                 raise RecipeError(f"--set {text!r}: {part} is not a section")
+            node[part] = child = dict(child)
             node = child
         node[path[-1]] = value
     return data
@@ -219,9 +260,73 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
 
 
 def recipe_from_dict(data: dict[str, Any], source: str) -> Recipe:
-    """Validate the core part of a recipe mapping (e.g. one stored in a checkpoint)."""
+    """Validate the core part of a recipe mapping (e.g. one stored in a checkpoint).
+
+    ``plugin``/``plugins`` entries that are objects rather than names are
+    replaced by :func:`object_name` and kept in :attr:`Recipe.objects`.
+    """
+    data = dict(data)
+    objects: dict[str, Any] = {}
+
+    def name_of(entry: Any) -> Any:
+        if entry is None or isinstance(entry, (str, int, float, bool, dict, list)):
+            return entry
+        name = object_name(entry)
+        objects[name] = entry
+        return name
+
+    if "plugin" in data:
+        data["plugin"] = name_of(data["plugin"])
+    if isinstance(data.get("plugins"), (list, tuple)):
+        data["plugins"] = [name_of(entry) for entry in data["plugins"]]
     try:
         head = RecipeHead.model_validate(data)
     except ValidationError as exc:
         raise RecipeError(format_validation_error(source, exc)) from None
-    return Recipe(source, data, head)
+    return Recipe(source, data, head, objects)
+
+
+def object_name(obj: Any) -> str:
+    """``module:qualname`` of a plugin object (a module, a class or an instance)."""
+    if isinstance(obj, types.ModuleType):
+        return f"{obj.__name__}:"
+    cls = obj if inspect.isclass(obj) else type(obj)
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def as_recipe(
+    recipe: str | Path | dict[str, Any] | Recipe,
+    overrides: list[str] | None = None,
+    *,
+    plugin: Any = None,
+    plugins: list[Any] | None = None,
+) -> Recipe:
+    """A recipe from a YAML path, a mapping or a :class:`Recipe`, with overrides applied.
+
+    ``plugin`` replaces the recipe's model plugin and ``plugins`` its list of
+    further plugins; either may hold names or plugin objects.
+    """
+    if isinstance(recipe, Recipe):
+        if not overrides and plugin is None and plugins is None:
+            return recipe
+        source, data = recipe.source, _with_objects(recipe)
+    elif isinstance(recipe, dict):
+        source, data = "recipe", dict(recipe)
+    else:
+        source, data = str(recipe), read_recipe_file(recipe)
+    if plugin is not None:
+        data["plugin"] = plugin
+    if plugins is not None:
+        data["plugins"] = list(plugins)
+    overrides = list(overrides or [])
+    if overrides:
+        data = apply_overrides(data, overrides)
+    return recipe_from_dict(data, source=source)
+
+
+def _with_objects(recipe: Recipe) -> dict[str, Any]:
+    """The recipe's mapping with plugin names given as objects put back as objects."""
+    data = copy.copy(recipe.data)
+    data["plugin"] = recipe.objects.get(recipe.plugin, recipe.plugin)
+    data["plugins"] = [recipe.objects.get(n, n) for n in recipe.plugins]
+    return data

@@ -1,10 +1,16 @@
 """The plugin manager: hookspecs, built-in plugins, entry points and recipe-named plugins.
 
-The core reaches plugins only through here. A recipe's ``plugin`` is either an
-entry-point name of group ``slhub`` (an installed distribution, as a third
-party ships it) or ``package.module:object`` for code on the path. Every way a
-plugin can fail to load becomes one :class:`PluginError` line naming the plugin
-and its distribution.
+The core reaches plugins only through here. A recipe's ``plugin`` (the model
+plugin) and each entry of ``plugins`` (loggers, callbacks, metrics) is either
+an entry-point name of group ``slhub`` (an installed distribution, as a third
+party ships it), ``package.module:object`` for code on the path, or, from
+Python, the plugin object itself. Every way a plugin can fail to load becomes
+one :class:`PluginError` line naming the plugin and its distribution.
+
+Registration order fixes the calling order (pluggy calls the last registered
+first): built-ins, then the extra plugins in reverse recipe order, then the
+model plugin. So the model plugin is called first, then the extras in recipe
+order, then the built-in ``trylast`` defaults.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import importlib
 import inspect
 import os
 import sys
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from importlib.metadata import EntryPoint, entry_points, packages_distributions, version
 from typing import Any
@@ -20,6 +27,7 @@ from typing import Any
 import pluggy
 
 from slhub import hookspecs
+from slhub._version import __version__
 from slhub.errors import PluginError
 
 GROUP = "slhub"
@@ -31,6 +39,8 @@ BUILTINS: tuple[str, ...] = (
     "slhub.builtin.recovery",
 )
 
+MODEL, EXTRA = "model", "extra"
+
 
 @dataclass(frozen=True)
 class PluginSource:
@@ -40,6 +50,7 @@ class PluginSource:
     object: str
     dist: str | None
     version: str | None
+    role: str = MODEL
 
     def describe(self) -> str:
         dist = f"dist {self.dist} {self.version}" if self.dist else "no distribution"
@@ -47,6 +58,26 @@ class PluginSource:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Plugins:
+    """A run's plugin manager and the sources of its plugins (model plugin first)."""
+
+    manager: pluggy.PluginManager
+    sources: tuple[PluginSource, ...]
+
+    @property
+    def hook(self) -> Any:
+        return self.manager.hook
+
+    @property
+    def model(self) -> PluginSource:
+        return self.sources[0]
+
+    def to_list(self) -> list[dict[str, Any]]:
+        """What run.json records and a resume compares."""
+        return [source.to_dict() for source in self.sources]
 
 
 def new_manager() -> pluggy.PluginManager:
@@ -60,6 +91,8 @@ def new_manager() -> pluggy.PluginManager:
 
 def _register(pm: pluggy.PluginManager, plugin: Any, name: str, source: PluginSource | None = None):
     label = source.describe() if source else f'slhub plugin "{name}"'
+    if pm.get_plugin(name) is not None or pm.is_registered(plugin):
+        raise PluginError(f"{label} is named twice in the recipe")
     try:
         pm.register(plugin, name=name)
     except pluggy.PluginValidationError as exc:
@@ -95,24 +128,35 @@ def _entry_points() -> dict[str, EntryPoint]:
     return found
 
 
-def _source_of_entry_point(ep: EntryPoint) -> PluginSource:
+def installed_names() -> frozenset[str]:
+    """Names of the installed entry-point plugins (importing none of them)."""
+    return frozenset(_entry_points())
+
+
+def _source_of_entry_point(ep: EntryPoint, role: str = MODEL) -> PluginSource:
     dist = ep.dist.metadata["Name"] if ep.dist is not None else None
     ver = ep.dist.version if ep.dist is not None else None
-    return PluginSource(name=ep.name, object=ep.value, dist=dist, version=ver)
+    return PluginSource(name=ep.name, object=ep.value, dist=dist, version=ver, role=role)
 
 
-def _source_of_path(spec: str) -> PluginSource:
+def _source_of_path(spec: str, role: str = MODEL) -> PluginSource:
     top = spec.split(":", 1)[0].split(".", 1)[0]
     dists = packages_distributions().get(top, [])
     dist = dists[0] if dists else None
     ver = version(dist) if dist else None
-    return PluginSource(name=spec, object=spec, dist=dist, version=ver)
+    return PluginSource(name=spec, object=spec, dist=dist, version=ver, role=role)
 
 
-def resolve(spec: str) -> tuple[Any, PluginSource]:
-    """Import the plugin a recipe names and describe its source."""
+def resolve(spec: str, role: str = MODEL, objects: dict[str, Any] | None = None):
+    """Import the plugin ``spec`` names (or take the object given for it) and describe its source.
+
+    ``spec`` is always a name the user chose (a recipe entry, a command-line
+    argument or a Python call): nothing read from a file reaches here.
+    """
+    if objects and spec in objects:
+        return objects[spec], _source_of_path(spec, role)
     if ":" in spec:
-        source = _source_of_path(spec)
+        source = _source_of_path(spec, role)
         module_name, _, attr = spec.partition(":")
         if os.getcwd() not in sys.path and "" not in sys.path:
             sys.path.insert(0, os.getcwd())  # as `python -m` does, for the console script too
@@ -131,43 +175,62 @@ def resolve(spec: str) -> tuple[Any, PluginSource]:
         known = ", ".join(sorted(eps)) or "none installed"
         raise PluginError(f'slhub plugin "{spec}" is not installed (installed: {known})')
     ep = eps[spec]
-    source = _source_of_entry_point(ep)
+    source = _source_of_entry_point(ep, role)
     try:
         return ep.load(), source
     except Exception as exc:  # noqa: BLE001 - report any import-time failure
         raise PluginError(f"{source.describe()} failed to import: {_one_line(exc)}") from None
 
 
-def build_manager(spec: str) -> tuple[pluggy.PluginManager, PluginSource]:
-    """Built-ins plus the model plugin a recipe names."""
-    pm = new_manager()
-    obj, source = resolve(spec)
-    _register(pm, _instantiate(obj, source.describe()), source.name, source)
-    return pm, source
+def build_manager(
+    model: str, extras: Iterable[str] = (), objects: dict[str, Any] | None = None
+) -> Plugins:
+    """Built-ins, the extra plugins and the model plugin of a run, in calling order.
 
-
-def export_manager(also: str | None = None) -> pluggy.PluginManager:
-    """Built-ins, every installed entry-point plugin and ``also`` (for ``slhub export``).
-
-    ``also`` is the ``package.module:object`` plugin a v2 checkpoint's run names,
-    so code that is not installed can export its own checkpoints. A plugin that
-    fails to load is skipped here: exporting one model must not depend on every
-    other installed package importing cleanly.
+    An extra plugin may not implement a model hook (``hookspecs.MODEL_HOOKS``):
+    those are decided by the model plugin alone.
     """
     pm = new_manager()
-    if also and ":" in also:
-        try:
-            obj, source = resolve(also)
-            _register(pm, _instantiate(obj, source.describe()), source.name, source)
-        except PluginError:
-            pass
+    loaded = []
+    for spec in [model, *extras]:
+        role = MODEL if not loaded else EXTRA
+        obj, source = resolve(spec, role, objects)
+        loaded.append((_instantiate(obj, source.describe()), source))
+    for plugin, source in loaded[1:]:
+        claimed = [h for h in hookspecs.MODEL_HOOKS if h in implemented_hooks(plugin)]
+        if claimed:
+            raise PluginError(
+                f"{source.describe()} is listed in plugins: but implements "
+                f"{', '.join(claimed)}, which only the model plugin (plugin:) may implement"
+            )
+    for plugin, source in [*reversed(loaded[1:]), loaded[0]]:
+        _register(pm, plugin, source.name, source)
+    return Plugins(pm, tuple(source for _, source in loaded))
+
+
+def export_manager(chosen: str | None) -> tuple[pluggy.PluginManager, list[PluginSource]]:
+    """Built-ins and the plugin(s) ``slhub export`` may ask to export.
+
+    ``chosen`` is a plugin name the user or an installed entry point vouches
+    for; None asks every installed entry-point plugin (for a v1 checkpoint,
+    which records no plugin). A plugin that fails to load is skipped in the
+    latter case: exporting one model must not depend on every other installed
+    package importing cleanly.
+    """
+    pm = new_manager()
+    if chosen is not None:
+        obj, source = resolve(chosen)
+        _register(pm, _instantiate(obj, source.describe()), source.name, source)
+        return pm, [source]
+    sources = []
     for name, ep in sorted(_entry_points().items()):
         try:
             source = _source_of_entry_point(ep)
             _register(pm, _instantiate(ep.load(), source.describe()), name, source)
         except Exception:  # noqa: BLE001, S112 - listed as broken by `slhub plugins`
             continue
-    return pm
+        sources.append(source)
+    return pm, sources
 
 
 @dataclass(frozen=True)
@@ -194,7 +257,7 @@ def list_plugins() -> list[PluginListing]:
         PluginListing(
             name=m.rsplit(".", 1)[1],
             dist="slhub",
-            version=_own_version(),
+            version=__version__,
             kind="built-in",
             hooks=implemented_hooks(importlib.import_module(m)),
         )
@@ -203,18 +266,9 @@ def list_plugins() -> list[PluginListing]:
     for name, ep in sorted(_entry_points().items()):
         source = _source_of_entry_point(ep)
         try:
-            obj = ep.load()
-            rows.append(
-                PluginListing(name, source.dist, source.version, "model", implemented_hooks(obj))
-            )
+            hooks = implemented_hooks(ep.load())
+            kind = MODEL if set(hooks) & set(hookspecs.MODEL_HOOKS) else EXTRA
+            rows.append(PluginListing(name, source.dist, source.version, kind, hooks))
         except Exception as exc:  # noqa: BLE001 - shown in the listing instead
-            rows.append(
-                PluginListing(name, source.dist, source.version, "model", (), _one_line(exc))
-            )
+            rows.append(PluginListing(name, source.dist, source.version, "?", (), _one_line(exc)))
     return rows
-
-
-def _own_version() -> str:
-    from slhub import __version__
-
-    return __version__

@@ -12,6 +12,8 @@ import pytest
 import torch
 import yaml
 
+from slhub.testing import assert_tree_equal  # noqa: F401 - shared with the tests
+
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 SL_DDP = REPO / "examples" / "sl_ddp" / "cpu.yaml"
@@ -103,23 +105,6 @@ def metrics_of(folder: Path) -> list[dict[str, Any]]:
 
 def load(path: Path) -> dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def assert_tree_equal(a: Any, b: Any, where: str = "") -> None:
-    """Exact equality of nested checkpoint data (``torch.equal`` for tensors)."""
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor), where
-        assert a.dtype == b.dtype and torch.equal(a, b), f"tensors differ at {where}"
-    elif isinstance(a, dict):
-        assert set(a) == set(b), f"keys differ at {where}: {set(a) ^ set(b)}"
-        for key in a:
-            assert_tree_equal(a[key], b[key], f"{where}.{key}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), f"lengths differ at {where}"
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_tree_equal(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, f"values differ at {where}: {a!r} != {b!r}"
 
 
 def one_line_error(proc: subprocess.CompletedProcess) -> str:

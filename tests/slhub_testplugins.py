@@ -11,13 +11,14 @@ import shutil
 from pathlib import Path
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from examples.sl_ddp.plugin import SlDdpPlugin, masked_mse
-from slhub import LossResult, hookimpl
+from slhub import LossResult, SlhubError, hookimpl
 
 #: In-process probes record what hooks received here.
-RECORD: dict[str, list] = {"restore": [], "validate_rand": []}
+RECORD: dict[str, list] = {"restore": []}
 
 
 class ProbeNet(nn.Module):
@@ -93,17 +94,17 @@ class FaultInjector(SlDdpPlugin):
         return super().build_model(trainer)
 
     @hookimpl
-    def sample(self, trainer, generator):
-        if self._due(trainer, "sampling", trainer.step + 1):
+    def sample(self, trainer, generator, step):
+        if self._due(trainer, "sampling", step):
             raise RuntimeError("injected sampling failure")
         return super().sample(trainer, generator)
 
     @hookimpl
-    def objective(self, trainer, model, batch):
+    def objective(self, trainer, model, batch, step):
         result = super().objective(trainer, model, batch)
-        if self._due(trainer, "objective", trainer.step + 1):
+        if self._due(trainer, "objective", step):
             raise RuntimeError("injected objective failure")
-        if self._due(trainer, "nonfinite", trainer.step + 1):
+        if self._due(trainer, "nonfinite", step):
             result.loss = result.loss * float("nan")
         return result
 
@@ -150,7 +151,7 @@ class HookProbe(SlDdpPlugin):
 
     @hookimpl
     def validate(self, trainer, model, step):
-        RECORD["validate_rand"].append(torch.rand(()).item())  # must not shift training RNG
+        torch.rand(())  # a draw that must not shift the training streams
         if os.environ.get("SLHUB_PROBE_SAVE_BEST"):
             trainer.save("best.pt")
         return {"probe_step": float(step)}
@@ -228,3 +229,98 @@ class CollectiveCounter(SlDdpPlugin):
     def on_commit(self, trainer, step, metrics):
         metrics["train/collectives"] = self.count
         self.count = 0
+
+
+# ------------------------------------------------------------------ extra plugins
+
+
+class CommitLogConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    draws: int = Field(default=3, gt=0)
+
+
+class CommitLog:
+    """An extra plugin (entry point ``commit_log`` of the fake distribution ``fakeplug``).
+
+    Owns the ``commit_log`` recipe section; on every commit it counts and draws
+    ``draws`` numbers from this rank's global torch stream, so its checkpointed
+    state differs by rank and depends on the random streams being restored.
+    """
+
+    def __init__(self) -> None:
+        self.commits = 0
+        self.draws = torch.zeros(0)
+
+    @hookimpl
+    def recipe_sections(self):
+        return {"commit_log": CommitLogConfig}
+
+    @hookimpl
+    def on_commit(self, trainer, step, metrics):
+        self.commits += 1
+        self.draws = torch.rand(trainer.section("commit_log").draws)
+        metrics["train/commit_log_commits"] = self.commits
+
+    @hookimpl
+    def save(self, trainer):
+        return {"commit_log": {"commits": self.commits, "draws": self.draws.clone()}}
+
+    @hookimpl
+    def restore(self, trainer, state):
+        self.commits = state["commit_log"]["commits"]
+        self.draws = state["commit_log"]["draws"].clone()
+
+    @hookimpl
+    def validate(self, step):
+        return {"commit_log_commits": float(self.commits)}
+
+
+class MetricsTap:
+    """An extra plugin named ``slhub_testplugins:MetricsTap``: sees what earlier plugins added."""
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    @hookimpl
+    def on_commit(self, step, metrics):
+        self.steps.append(step)
+        metrics["train/tap_saw_commit_log"] = "train/commit_log_commits" in metrics
+
+    @hookimpl
+    def save(self):
+        return {"metrics_tap": {"steps": torch.tensor(self.steps, dtype=torch.int64)}}
+
+    @hookimpl
+    def restore(self, state):
+        self.steps = state["metrics_tap"]["steps"].tolist()
+
+
+class ExtraWithObjective:
+    """An extra plugin that wrongly implements a model hook."""
+
+    @hookimpl
+    def objective(self, trainer, model, batch):
+        return None
+
+
+class SteppedProbe(SlDdpPlugin):
+    """Records the update numbers ``sample`` and ``objective`` receive (in RECORD)."""
+
+    @hookimpl
+    def sample(self, trainer, generator, step):
+        RECORD.setdefault("sample_steps", []).append(step)
+        return super().sample(trainer, generator)
+
+    @hookimpl
+    def objective(self, trainer, model, batch, step):
+        RECORD.setdefault("objective_steps", []).append(step)
+        return super().objective(trainer, model, batch)
+
+
+class UserErrorInBuild(SlDdpPlugin):
+    """Refuses its configuration the public way: ``slhub.SlhubError``."""
+
+    @hookimpl
+    def build_model(self, trainer):
+        raise SlhubError("model.hidden must be even for this plugin (got 33)")

@@ -11,9 +11,8 @@ import pytest
 import torch
 
 from conftest import SL_DDP, load, one_line_error, run_cli
-from slhub import checkpoint
+from slhub import checkpoint, train
 from slhub.errors import ArtifactError, CheckpointError
-from slhub.trainer import train
 
 SHORT = ["trainer.steps=4", "trainer.validate_every=0", "trainer.save_every=2"]
 
@@ -138,17 +137,17 @@ def test_resume_in_place_from_latest_checkpoint_continues_the_run(run_dir: Path,
 
 
 def test_resume_refuses_another_plugin_source(run_dir: Path, tmp_path: Path):
-    with pytest.raises(CheckpointError, match="recipe differs.*plugin"):
+    with pytest.raises(CheckpointError, match="plugins differ.*HookProbe"):
         train(
             str(SL_DDP),
             [*SHORT, "plugin=slhub_testplugins:HookProbe", f"trainer.output_dir={tmp_path / 'p'}"],
             resume=str(run_dir / "step_2.pt"),
         )
     ckpt = load(run_dir / "step_2.pt")
-    ckpt["run"]["source"]["plugin"]["version"] = "9.9"
+    ckpt["run"]["source"]["plugins"][0]["version"] = "9.9"
     forged = tmp_path / "forged.pt"
     torch.save(ckpt, forged)
-    with pytest.raises(CheckpointError, match="plugin source differs"):
+    with pytest.raises(CheckpointError, match="plugins differ.*9.9"):
         train(str(SL_DDP), [*SHORT, f"trainer.output_dir={tmp_path / 'q'}"], resume=str(forged))
 
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from conftest import REPO, SL_DDP, load, metrics_of, one_line_error, run_cli
-from slhub import hookspecs
+from slhub import hookspecs, train
 from slhub.errors import PluginError, RankFailure, RecipeError
-from slhub.trainer import sampler_seed, train
+from slhub.trainer import sampler_seed
 
 SPECS = sorted(n for n in dir(hookspecs) if hasattr(getattr(hookspecs, n), "slhub_spec"))
 

@@ -14,17 +14,12 @@ import torch
 from pydantic import ValidationError
 from safetensors import safe_open
 
-from slhub.builtin.nerd import cartpole
 from slhub.builtin.nerd.artifact import load_export
+from slhub.builtin.nerd.data import training_statistics
 from slhub.builtin.nerd.model import NerdArch, NerdModel
-from slhub.builtin.nerd.plugin import (
-    DataSection,
-    LossSection,
-    ModelSection,
-    NerdPlugin,
-    ValidationSection,
-    training_statistics,
-)
+from slhub.builtin.nerd.plugin import NerdPlugin
+from slhub.builtin.nerd.sections import DataSection, LossSection, ModelSection, ValidationSection
+from slhub.data import cartpole, wrap_angle
 from slhub.export import load
 
 TINY_DATA = {
@@ -185,7 +180,7 @@ def test_sample_draws_only_with_the_given_generator(tmp_path):
     assert one["tokens"].shape == (8, 5, 5) and one["delta"].shape == (8, 5, 4)
     # the target is the next state's change: token t + 1 minus token t (angle wrapped)
     step = one["tokens"][:, 1:, :4] - one["tokens"][:, :-1, :4]
-    step[..., 1] = torch.remainder(step[..., 1] + torch.pi, 2 * torch.pi) - torch.pi
+    step[..., 1] = wrap_angle(step[..., 1])
     torch.testing.assert_close(one["delta"][:, :-1], step)
 
 

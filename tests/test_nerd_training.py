@@ -24,7 +24,7 @@ from slhub import cli
 from slhub.builtin.nerd.plugin import NerdPlugin
 from slhub.checkpoint import to_v1
 from slhub.export import load as load_export
-from slhub.exporting import run_export
+from slhub.export.command import run_export
 
 NERD = REPO / "examples" / "nerd" / "cartpole" / "sl.train.yaml"
 
@@ -100,8 +100,10 @@ def test_v1_and_v2_export_identically_and_predict_exactly(runs, tmp_path, name):
     v2 = load(v2_path)
     v1_path = tmp_path / "v1.pt"
     torch.save(to_v1(v2), v1_path)
-    out_v2 = run_export(v2_path, tmp_path / "v2_export")
-    out_v1 = run_export(v1_path, tmp_path / "v1_export")
+    done_v2 = run_export(v2_path, tmp_path / "v2_export")
+    done_v1 = run_export(v1_path, tmp_path / "v1_export")
+    assert done_v2.plugin.name == done_v1.plugin.name == "nerd"
+    out_v2, out_v1 = done_v2.path, done_v1.path
     assert (out_v1 / "model.safetensors").read_bytes() == (
         out_v2 / "model.safetensors"
     ).read_bytes()
@@ -157,7 +159,7 @@ def test_export_errors_exit_2_with_one_line(runs, tmp_path, capsys):
     foreign = tmp_path / "foreign.pt"
     torch.save({"step": 1, "model": {"w": torch.zeros(2)}, "optimizer": {}, "rng": {}}, foreign)
     line = _cli_error(capsys, "export", "--checkpoint", str(foreign), "--out", str(tmp_path / "a"))
-    assert "is not a checkpoint any installed plugin can export" in line
+    assert "is not a checkpoint any plugin asked can export (asked: " in line and "nerd" in line
     assert not (tmp_path / "a").exists()
 
     damaged = tmp_path / "damaged.pt"

@@ -4,7 +4,7 @@ For each case (built-in NeRD, RWM with a 3-step horizon, RigidFormer with uneven
 object counts, state BC, visual BC) a real ``torchrun`` run of two workers makes
 two updates and saves at update 2. The oracle rebuilds the model in this process
 exactly as the trainer does, redraws each rank's batches with that rank's sampler
-generator (``slhub.trainer.sampler_seed``), concatenates them and takes two plain
+generator (``slhub.testing.sampler_generator``), concatenates them and takes two plain
 Adam steps on the concatenated batches. The saved parameters must match the
 oracle to 1e-6 and the two ranks' replicas (dumped by the test-only
 ``slhub_plugin_replicas`` plugins) must be identical.
@@ -26,11 +26,11 @@ from typing import Any
 
 import pytest
 import torch
+import yaml
 
 from conftest import REPO, load, run_torchrun, write_recipe
-from slhub import registry
-from slhub.recipe import load_recipe
-from slhub.trainer import Trainer, sampler_seed
+from slhub.registry import resolve
+from slhub.testing import StandInTrainer, hooks_of, sampler_generator
 
 TOLERANCE = 1e-6
 
@@ -99,28 +99,24 @@ def _concat(batches: list[Any]) -> Any:
 
 def _oracle(recipe_path: Path, world: int, steps: int) -> tuple[dict, list[list[float]]]:
     """Parameters after ``steps`` single-process Adam updates on concatenated rank batches."""
-    recipe = load_recipe(recipe_path)
-    pm, source = registry.build_manager(recipe.plugin)
-    sections: dict[str, Any] = {}
-    for part in pm.hook.recipe_sections():
-        sections.update(part or {})
-    recipe.validate_sections(sections)
-    trainer = Trainer(recipe, pm, source, torch.device("cpu"))  # seeds and builds as a rank does
-    model = trainer.model
-    optimizer = torch.optim.Adam(model.parameters(), lr=recipe.trainer.lr)
-    generators = [
-        torch.Generator().manual_seed(sampler_seed(recipe.trainer.seed, r)) for r in range(world)
-    ]
+    recipe = yaml.safe_load(recipe_path.read_text())
+    plugin = resolve(recipe["plugin"])[0]()
+    sections = {k: v for k, v in recipe.items() if k not in ("plugin", "plugins", "trainer")}
+    trainer = StandInTrainer(plugin, sections, **recipe["trainer"])
+    hooks = hooks_of(plugin)
+    model = trainer.build(plugin)  # seeds and builds as a rank does
+    optimizer = torch.optim.Adam(model.parameters(), lr=trainer.config.lr)
+    generators = [sampler_generator(trainer.config.seed, r) for r in range(world)]
     weights = []
-    for _ in range(steps):
-        batches = [trainer.hook.sample(trainer=trainer, generator=g) for g in generators]
+    for step in range(1, steps + 1):
+        batches = [hooks.sample(trainer=trainer, generator=g, step=step) for g in generators]
         weights.append(
             [
-                float(trainer.hook.objective(trainer=trainer, model=model, batch=b).weight)
+                float(hooks.objective(trainer=trainer, model=model, batch=b, step=step).weight)
                 for b in batches
             ]
         )
-        result = trainer.hook.objective(trainer=trainer, model=model, batch=_concat(batches))
+        result = hooks.objective(trainer=trainer, model=model, batch=_concat(batches), step=step)
         assert float(result.weight) == pytest.approx(sum(weights[-1]))
         optimizer.zero_grad(set_to_none=True)
         result.loss.backward()

@@ -1,4 +1,4 @@
-"""Issue 2 acceptance: one process trains the sl_ddp recipe, refuses a used directory,
+"""One process trains the sl_ddp recipe, refuses a used directory,
 and resumes exactly."""
 
 from __future__ import annotations

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from slhub import hookimpl
-from slhub.errors import SlhubError
+from slhub import SlhubError, hookimpl
 from slhub.rng import preserved
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 from slhub import LossResult
-from slhub.builtin.nerd.cartpole import cartpole_step
+from slhub.data import cartpole_step
 
 from slhub_bc.expert import demonstrations, expert_action, linearize, lqr_gain
 from slhub_bc.model import StatePolicy, VisualPolicy

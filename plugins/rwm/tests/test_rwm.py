@@ -7,7 +7,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 from slhub import LossResult
-from slhub.builtin.nerd.cartpole import CartpoleData, cartpole_step, generate_trajectories
+from slhub.data import CartpoleData, cartpole_step, generate_trajectories
 
 from slhub_rwm.data import Windows
 from slhub_rwm.model import WorldModel

@@ -1,6 +1,6 @@
 """The NeRD network: a causal transformer over a history of (state, action) tokens.
 
-This module is inference-safe: it imports torch and the cart-pole feature names
+This module is inference-safe: it imports torch and :mod:`slhub.data` (numpy)
 only (no trainer, recipe or pydantic), so :mod:`slhub.export` can rebuild an
 exported model from it.
 
@@ -13,14 +13,13 @@ can therefore be exported from its ``model`` entry alone.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from slhub.builtin.nerd.cartpole import ACTION_NAMES, STATE_NAMES
+from slhub.data import ACTION_NAMES, STATE_NAMES, wrap_angle
 
 #: Version of the ``nerd_arch`` buffer layout; bump when a field is added.
 ARCH_VERSION = 1
@@ -46,11 +45,6 @@ def dtype_name(dtype: torch.dtype) -> str:
         if value == dtype:
             return name
     raise ValueError(f"unsupported NeRD dtype {dtype}; use one of {', '.join(DTYPES)}")
-
-
-def wrap_angle(theta: torch.Tensor) -> torch.Tensor:
-    """Wrap angles to [-pi, pi), as the cart-pole data does."""
-    return torch.remainder(theta + math.pi, 2.0 * math.pi) - math.pi
 
 
 @dataclass(frozen=True)

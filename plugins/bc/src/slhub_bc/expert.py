@@ -1,7 +1,7 @@
 """The scripted expert: an LQR controller on the linearized cart-pole, and its demonstrations.
 
 The dynamics are slhub's public cart-pole step
-(:func:`slhub.builtin.nerd.cartpole.cartpole_step`, theta = 0 is upright). The
+(:func:`slhub.data.cartpole_step`, theta = 0 is upright). The
 expert linearizes that discrete step around the upright rest state by central
 differences, solves the discrete algebraic Riccati equation by fixed-point
 iteration and applies ``u = clip(-K s, -max_force, max_force)``.
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from slhub.builtin.nerd.cartpole import cartpole_step
+from slhub.data import cartpole_step
 
 #: State cost on (x, theta, x_dot, theta_dot) and force cost of the expert's LQR.
 Q = np.diag([1.0, 10.0, 1.0, 1.0])

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from slhub import LossResult, hookimpl
-from slhub.builtin.nerd.cartpole import cartpole_step
+from slhub.data import SplitCache, cartpole_step, split_seed
 
 from slhub_bc.expert import Demonstrations, demonstrations
 from slhub_bc.model import StatePolicy, VisualPolicy
@@ -31,11 +31,8 @@ class DemoConfig(BaseModel):
     max_force: float = Field(default=10.0, gt=0)
 
     def make(self, split: str) -> Demonstrations:
-        count, seed = (
-            (self.train_episodes, self.seed)
-            if split == "train"
-            else (self.val_episodes, self.seed + 1)
-        )
+        count = self.train_episodes if split == "train" else self.val_episodes
+        seed = split_seed(self.seed, split)
         return demonstrations(count, self.length, seed, self.noise, self.max_force)
 
 
@@ -71,15 +68,10 @@ class BcPlugin:
     """Behavior cloning: MSE between the policy's force and the expert's, in N^2."""
 
     def __init__(self) -> None:
-        self._splits: dict[str, Demonstrations] = {}
-        self._section: Any = None  # the section the cached data was made for
+        self._splits: SplitCache[Demonstrations] = SplitCache()
 
     def _demos(self, cfg: BcSection, split: str) -> Demonstrations:
-        if cfg is not self._section:  # a new recipe: make its data afresh
-            self._splits, self._section = {}, cfg
-        if split not in self._splits:
-            self._splits[split] = cfg.data.make(split)
-        return self._splits[split]
+        return self._splits.get(cfg, split, cfg.data.make)
 
     @hookimpl
     def recipe_sections(self) -> dict[str, type[BaseModel]]:

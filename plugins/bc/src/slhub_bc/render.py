@@ -10,7 +10,7 @@ changes the image; parts outside the frame are cut off. Values lie in [0, 1].
 from __future__ import annotations
 
 import numpy as np
-from slhub.builtin.nerd.cartpole import HALF_LENGTH
+from slhub.data import HALF_LENGTH
 
 SIZE = 64
 PIXEL = 0.04

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from slhub import LossResult, hookimpl
+from slhub.data import SplitCache, split_seed
 
 from slhub_rigidformer.model import RigidFormer
 from slhub_rigidformer.scenes import Scenes, normalization, simulate
@@ -44,7 +45,7 @@ class SceneConfig(BaseModel):
         train = split == "train"
         params = self.model_dump(exclude={"train_scenes", "val_scenes", "seed"})
         count = self.train_scenes if train else self.val_scenes
-        return simulate(count, seed=self.seed if train else self.seed + 1, **params)
+        return simulate(count, seed=split_seed(self.seed, split), **params)
 
 
 class ModelConfig(BaseModel):
@@ -71,15 +72,10 @@ class RigidFormerPlugin:
     """Next-step motion of every box in a scene, one transformer token per box."""
 
     def __init__(self) -> None:
-        self._splits: dict[str, Scenes] = {}
-        self._section: Any = None  # the section the cached data was made for
+        self._splits: SplitCache[Scenes] = SplitCache()
 
     def _scenes(self, cfg: RigidFormerSection, split: str) -> Scenes:
-        if cfg is not self._section:  # a new recipe: make its data afresh
-            self._splits, self._section = {}, cfg
-        if split not in self._splits:
-            self._splits[split] = cfg.scenes.make(split)
-        return self._splits[split]
+        return self._splits.get(cfg, split, cfg.scenes.make)
 
     @hookimpl
     def recipe_sections(self) -> dict[str, type[BaseModel]]:

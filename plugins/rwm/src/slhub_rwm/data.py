@@ -1,7 +1,7 @@
 """Cart-pole windows for world-model training, drawn inside single episodes.
 
 The trajectories come from slhub's public cart-pole helpers
-(:func:`slhub.builtin.nerd.cartpole.ensure_dataset`): every row of
+(:func:`slhub.data.ensure_dataset`): every row of
 ``states [N, T+1, 4]`` / ``actions [N, T, 1]`` is one episode that starts from a
 reset. A window is ``(trajectory, start)``: ``span`` consecutive states of that
 one row and the ``span - 1`` actions between them, so a window never crosses an
@@ -14,10 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from slhub.builtin.nerd.cartpole import CartpoleData, wrap_angle
-
-#: Index of the pole angle in a cart-pole state (see ``cartpole.STATE_NAMES``).
-THETA = 1
+from slhub.data import CartpoleData, state_deltas
 
 
 @dataclass(frozen=True)
@@ -56,13 +53,6 @@ class Windows:
         starts = np.arange(0, self.starts_per_episode, stride)
         episode = np.repeat(np.arange(self.data.num_trajectories), len(starts))
         return episode, np.tile(starts, self.data.num_trajectories)
-
-
-def state_deltas(states: np.ndarray) -> np.ndarray:
-    """Per-step state changes ``s[t+1] - s[t]`` along axis -2, the angle change wrapped."""
-    delta = np.diff(states, axis=-2)
-    delta[..., THETA] = wrap_angle(delta[..., THETA])
-    return delta
 
 
 def input_features(states: np.ndarray, actions: np.ndarray) -> np.ndarray:

@@ -2,18 +2,10 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
+from slhub.data import THETA, wrap_angle
 from torch import nn
-
-from slhub_rwm.data import THETA
-
-
-def wrap(theta: torch.Tensor) -> torch.Tensor:
-    """Wrap angles to [-pi, pi) (the convention of slhub's cart-pole data)."""
-    return torch.remainder(theta + math.pi, 2.0 * math.pi) - math.pi
 
 
 class WorldModel(nn.Module):
@@ -41,7 +33,9 @@ class WorldModel(nn.Module):
     def advance(self, state: torch.Tensor, normalized_delta: torch.Tensor) -> torch.Tensor:
         """Apply a predicted normalized change to a state, wrapping the angle."""
         nxt = state + normalized_delta * self.delta_std + self.delta_mean
-        return torch.cat([nxt[..., :THETA], wrap(nxt[..., THETA : THETA + 1]), nxt[..., 2:]], -1)
+        return torch.cat(
+            [nxt[..., :THETA], wrap_angle(nxt[..., THETA : THETA + 1]), nxt[..., 2:]], -1
+        )
 
     def forward(self, states: torch.Tensor, actions: torch.Tensor, horizon: int) -> torch.Tensor:
         """Forecast ``horizon`` states after a history.
@@ -65,5 +59,7 @@ class WorldModel(nn.Module):
     def normalized_error(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Prediction error in units of the state-change standard deviation (angle wrapped)."""
         err = pred - target
-        err = torch.cat([err[..., :THETA], wrap(err[..., THETA : THETA + 1]), err[..., 2:]], -1)
+        err = torch.cat(
+            [err[..., :THETA], wrap_angle(err[..., THETA : THETA + 1]), err[..., 2:]], -1
+        )
         return err / self.delta_std

@@ -7,7 +7,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from slhub import LossResult, hookimpl
-from slhub.builtin.nerd.cartpole import ensure_dataset
+from slhub.data import SplitCache, ensure_dataset, split_seed
 
 from slhub_rwm.data import Windows, normalization
 from slhub_rwm.model import WorldModel
@@ -60,22 +60,17 @@ class RwmPlugin:
     """Robotic World Model on cart-pole: GRU history encoder, autoregressive forecast."""
 
     def __init__(self) -> None:
-        self._splits: dict[str, Windows] = {}
-        self._section: Any = None  # the section the cached data was made for
+        self._splits: SplitCache[Windows] = SplitCache()
 
     def _windows(self, cfg: RwmSection, split: str) -> Windows:
-        if cfg is not self._section:  # a new recipe: make its data afresh
-            self._splits, self._section = {}, cfg
-        if split not in self._splits:
+        def make(split: str) -> Windows:
             d = cfg.data
-            count, seed = (
-                (d.train_trajectories, d.seed)
-                if split == "train"
-                else (d.val_trajectories, d.seed + 1)
-            )
+            count = d.train_trajectories if split == "train" else d.val_trajectories
+            seed = split_seed(d.seed, split)
             data = ensure_dataset(d.cache_dir, split, count, d.length, seed, d.max_force)
-            self._splits[split] = Windows(data, cfg.span)
-        return self._splits[split]
+            return Windows(data, cfg.span)
+
+        return self._splits.get(cfg, split, make)
 
     @hookimpl
     def recipe_sections(self) -> dict[str, type[BaseModel]]:

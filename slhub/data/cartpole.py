@@ -1,44 +1,42 @@
-"""Cart-pole trajectories made in numpy: no simulator, no download.
+"""Cart-pole trajectories made in numpy: data without a simulator or a download.
 
-Public data helpers (used by the NeRD plugin and by external packages such as
-``slhub-rwm``). Classic cart-pole dynamics (Barto, Sutton & Anderson 1983, as in
-Gym's ``CartPole``): cart mass 1, pole mass 0.1, pole half-length 0.5,
-g = 9.8, dt = 0.02, integrated with **semi-implicit Euler** (velocities first,
-then positions with the new velocities). The pole angle is wrapped to
-[-pi, pi). Initial states and per-step forces are random and continuous.
+NeRD, the world model of ``slhub-rwm`` and the expert of ``slhub-bc`` all learn
+the same system, so its dynamics live here once. Classic cart-pole (Barto,
+Sutton & Anderson 1983, as in Gym's ``CartPole``): cart mass 1, pole mass 0.1,
+pole half-length 0.5, g = 9.8, dt = 0.02, integrated with **semi-implicit
+Euler** (velocities first, then positions with the new velocities). The pole
+angle is wrapped to [-pi, pi) and theta = 0 is upright. Initial states and
+per-step forces are random and continuous.
 
-Datasets are stored as ``.npy`` files and opened memory-mapped, so the workers
-of one node share a single copy through the page cache. Generation is
-deterministic in its arguments; files are written to a temporary name and
-renamed, so workers that race to create the same cache all see whole files.
+A split is made deterministically from its arguments and cached on disk with
+:func:`slhub.data.cache.cached_arrays` (atomic files, memory-mapped reads).
 """
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from slhub.data.angles import wrap_angle
+from slhub.data.cache import cached_arrays
+
 STATE_NAMES: tuple[str, ...] = ("x", "theta", "x_dot", "theta_dot")
 ACTION_NAMES: tuple[str, ...] = ("force",)
+#: Index of the pole angle, the one wrapped state feature, in a state.
+THETA = STATE_NAMES.index("theta")
 
 CART_MASS = 1.0
 POLE_MASS = 0.1
 HALF_LENGTH = 0.5
 GRAVITY = 9.8
 DT = 0.02
+#: Recorded in every cached split's ``meta.json``; bump when the data would change.
 FORMAT = "slhub.cartpole/1"
 
 
-def wrap_angle(theta: np.ndarray) -> np.ndarray:
-    """Wrap angles to [-pi, pi)."""
-    return (theta + np.pi) % (2.0 * np.pi) - np.pi
-
-
-def cartpole_step(state: np.ndarray, force: np.ndarray) -> np.ndarray:
+def cartpole_step(state: np.ndarray, force: np.ndarray | float) -> np.ndarray:
     """Advance states ``[..., 4]`` by one step under forces ``[...]`` (semi-implicit Euler)."""
     x, theta, x_dot, theta_dot = np.moveaxis(state, -1, 0)
     total_mass = CART_MASS + POLE_MASS
@@ -77,6 +75,13 @@ def generate_trajectories(
     return states, actions
 
 
+def state_deltas(states: np.ndarray) -> np.ndarray:
+    """Per-step state changes ``s[t+1] - s[t]`` along axis -2, the angle change wrapped."""
+    delta = np.diff(states, axis=-2)
+    delta[..., THETA] = wrap_angle(delta[..., THETA])
+    return delta
+
+
 @dataclass(frozen=True)
 class CartpoleData:
     """A memory-mapped split: ``states [N, T+1, 4]`` and ``actions [N, T, 1]``."""
@@ -93,15 +98,6 @@ class CartpoleData:
         return int(self.actions.shape[1])
 
 
-def _atomic_save(path: Path, array: np.ndarray) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        np.save(handle, array)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
 def ensure_dataset(
     cache_dir: str | Path,
     split: str,
@@ -115,7 +111,6 @@ def ensure_dataset(
     A cache whose recorded parameters differ from the requested ones is made
     again, so a recipe change never trains on stale data.
     """
-    folder = Path(cache_dir) / split
     meta = {
         "format": FORMAT,
         "num_trajectories": num_trajectories,
@@ -125,22 +120,10 @@ def ensure_dataset(
         "integrator": "semi-implicit euler",
         "dt": DT,
     }
-    meta_path = folder / "meta.json"
-    current = None
-    if meta_path.exists():
-        try:
-            current = json.loads(meta_path.read_text())
-        except (OSError, ValueError):
-            current = None
-    if current != meta:
-        folder.mkdir(parents=True, exist_ok=True)
+
+    def make() -> dict[str, np.ndarray]:
         states, actions = generate_trajectories(num_trajectories, length, seed, max_force)
-        _atomic_save(folder / "states.npy", states)
-        _atomic_save(folder / "actions.npy", actions)
-        tmp = meta_path.with_name(f".meta.json.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(meta, indent=2))
-        os.replace(tmp, meta_path)
-    return CartpoleData(
-        states=np.load(folder / "states.npy", mmap_mode="r"),
-        actions=np.load(folder / "actions.npy", mmap_mode="r"),
-    )
+        return {"states": states, "actions": actions}
+
+    arrays = cached_arrays(Path(cache_dir) / split, meta, ("states", "actions"), make)
+    return CartpoleData(states=arrays["states"], actions=arrays["actions"])

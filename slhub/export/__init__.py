@@ -1,8 +1,10 @@
 """Load an slhub export for inference: ``slhub.export.load(DIR)``.
 
-This module needs no training code, recipe or checkpoint: it reads the
-export's ``export.json`` and ``model.safetensors`` (no pickle) and rebuilds the
-model in its trained dtype.
+An export directory holds ``export.json`` (its ``format`` and ``kind``) and
+whatever the exporting plugin wrote beside it. The loader for a kind is the
+entry point of that name in group ``slhub.exports``, so any installed package's
+exports load here; the file only names a kind, it never chooses code to import
+beyond what is installed under that name.
 
 >>> from slhub.export import load
 >>> predictor = load("exports/nerd_cartpole")
@@ -14,12 +16,18 @@ model in its trained dtype.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
 SUPPORTED_FORMATS = ("slhub.export/1",)
+#: Entry-point group mapping an export ``kind`` to ``loader(directory, manifest) -> nn.Module``.
+LOADER_GROUP = "slhub.exports"
+
+__all__ = ["LOADER_GROUP", "SUPPORTED_FORMATS", "load", "loaders", "read_manifest"]
 
 
 def read_manifest(directory: str | Path) -> dict[str, Any]:
@@ -39,22 +47,35 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
     return manifest
 
 
+def loaders() -> dict[str, Any]:
+    """Installed export loaders by kind (entry points of group ``slhub.exports``, not loaded)."""
+    found: dict[str, Any] = {}
+    for ep in entry_points(group=LOADER_GROUP):
+        found.setdefault(ep.name, ep)
+    return found
+
+
 def load(directory: str | Path) -> nn.Module:
     """Load the export in ``directory`` as a ready, eval-mode predictor.
 
-    For a NeRD export this is a :class:`slhub.builtin.nerd.artifact.NerdPredictor`:
-    call it with history tokens ``[batch, length, features]`` and
-    ``input_names=`` naming their order, or use ``.rollout(...)``.
+    For a NeRD export this is a predictor module: call it with history tokens
+    ``[batch, length, features]`` and ``input_names=`` naming their order, or
+    use ``.rollout(...)``.
 
     :param directory: a directory written by ``slhub export``.
     :returns: the predictor (an ``nn.Module``).
-    :raises ValueError: when the directory is not a readable export of a known kind.
+    :raises ValueError: when the directory is not a readable export of an
+        installed kind.
     """
     directory = Path(directory)
     manifest = read_manifest(directory)
     kind = manifest.get("kind")
-    if kind == "nerd":
-        from slhub.builtin.nerd.artifact import load_export
-
-        return load_export(directory, manifest)
-    raise ValueError(f"{directory} holds an export of kind {kind!r}, which slhub cannot load")
+    available = loaders()
+    if not isinstance(kind, str) or kind not in available:
+        known = ", ".join(sorted(available)) or "none installed"
+        raise ValueError(
+            f"{directory} holds an export of kind {kind!r}, which no installed package loads "
+            f"(kinds: {known})"
+        )
+    loader: Callable[[Path, dict[str, Any]], nn.Module] = available[kind].load()
+    return loader(directory, manifest)

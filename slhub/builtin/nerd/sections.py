@@ -1,0 +1,123 @@
+"""The recipe sections the ``nerd`` plugin owns, validated before anything is built.
+
+Every key has a default (docs/nerd.md lists them), so a recipe names only what
+it changes; cross-section checks that need more than one section (window
+lengths against horizons) are made in ``build_model``.
+
+- ``model``: history window, sizes, causal attention, normalization, angle
+  features and the precision the model is built, trained and exported in.
+- ``data``: cache directory and the sizes and seeds of the train and
+  validation splits (made on first use, memory-mapped afterwards).
+- ``loss``: the loss mask: which state features and which window positions
+  are supervised.
+- ``validation``: rollout horizons and how many validation trajectories to use.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from slhub.builtin.nerd.model import NerdArch
+from slhub.data import STATE_NAMES
+
+#: The state feature that is an angle (fed as sin/cos, wrapped after each step).
+ANGLE_FEATURE = "theta"
+
+
+class ModelSection(BaseModel):
+    """``model``: the network and its precision."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    history: int = Field(default=10, ge=1, le=1024)
+    width: int = Field(default=64, ge=1)
+    layers: int = Field(default=2, ge=1)
+    heads: int = Field(default=4, ge=1)
+    mlp_hidden: int | None = Field(default=None, ge=1, description="default: 4 * width")
+    causal: bool = True
+    normalize: bool = True
+    angle_features: bool = True
+    precision: Literal["float32", "float64", "bfloat16"] = "float32"
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> ModelSection:
+        if self.width % self.heads:
+            raise ValueError(f"width {self.width} must be divisible by heads {self.heads}")
+        return self
+
+    def arch(self) -> NerdArch:
+        return NerdArch(
+            feature_set=1,
+            history=self.history,
+            width=self.width,
+            layers=self.layers,
+            heads=self.heads,
+            mlp_hidden=self.mlp_hidden or 4 * self.width,
+            causal=int(self.causal),
+            normalize=int(self.normalize),
+            angle_index=STATE_NAMES.index(ANGLE_FEATURE) if self.angle_features else -1,
+        )
+
+
+class SplitSection(BaseModel):
+    """One data split: ``num_trajectories`` trajectories of ``length`` steps from ``seed``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_trajectories: int = Field(ge=1)
+    length: int = Field(ge=1)
+    seed: int = Field(ge=0)
+
+
+class DataSection(BaseModel):
+    """``data``: where the cart-pole cache lives and how it is made."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cache_dir: str = Field(default=".cache/nerd_cartpole", min_length=1)
+    max_force: float = Field(default=10.0, gt=0)
+    train: SplitSection = SplitSection(num_trajectories=1000, length=200, seed=0)
+    val: SplitSection = SplitSection(num_trajectories=64, length=120, seed=1)
+
+    @model_validator(mode="after")
+    def _distinct_seeds(self) -> DataSection:
+        if self.train.seed == self.val.seed:
+            raise ValueError("train.seed and val.seed must differ (independent validation data)")
+        return self
+
+
+class LossSection(BaseModel):
+    """``loss``: the mask of the normalized state-change MSE."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    features: list[Literal[STATE_NAMES]] = Field(  # type: ignore[valid-type]
+        default_factory=lambda: list(STATE_NAMES), min_length=1
+    )
+    skip_first: int = Field(default=0, ge=0)
+
+
+class ValidationSection(BaseModel):
+    """``validation``: autoregressive rollout horizons and validation set size."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    horizons: list[int] = Field(default_factory=lambda: [10, 100], min_length=1)
+    num_trajectories: int | None = Field(default=None, ge=1, description="default: all")
+
+    @model_validator(mode="after")
+    def _positive(self) -> ValidationSection:
+        if any(h < 1 for h in self.horizons):
+            raise ValueError("horizons must be >= 1")
+        return self
+
+
+#: Section name -> model, as returned by the ``recipe_sections`` hook.
+SECTIONS: dict[str, type[BaseModel]] = {
+    "model": ModelSection,
+    "data": DataSection,
+    "loss": LossSection,
+    "validation": ValidationSection,
+}

@@ -1,0 +1,113 @@
+"""``slhub export --checkpoint CKPT --out DIR [--plugin NAME]``.
+
+The exporter is chosen among installed plugins, never by the file: a v2
+checkpoint records the name of the model plugin that wrote it, and only an
+installed entry point of that name is asked. A checkpoint written by a
+``package.module:object`` plugin is exported only when the user names that
+plugin with ``--plugin`` (a name on the command line is the user's choice; a
+name inside a file is not). A v1 checkpoint records no plugin and is offered to
+every installed plugin. Every user error is a one-line
+:class:`~slhub.errors.SlhubError` (the CLI exits 2).
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from slhub import checkpoint, registry
+from slhub.errors import ArtifactError, CheckpointError, PluginError
+
+
+@dataclass(frozen=True)
+class Exported:
+    """Where an export went and which plugin wrote it."""
+
+    path: Path
+    plugin: registry.PluginSource
+
+
+def _refuse_unusable(out_dir: Path) -> None:
+    """Raise unless ``out_dir`` is absent or an empty directory."""
+    if out_dir.exists() or out_dir.is_symlink():
+        if not out_dir.is_dir():
+            raise ArtifactError(f"export destination {out_dir} exists and is not a directory")
+        if any(out_dir.iterdir()):
+            raise ArtifactError(
+                f"export destination {out_dir} is not empty; exports go into a new or empty "
+                "directory and never overwrite files"
+            )
+
+
+def _claim_out_dir(out_dir: Path) -> bool:
+    """Make sure ``out_dir`` is an empty directory; returns True when it was created here."""
+    _refuse_unusable(out_dir)
+    if out_dir.is_dir():
+        return False
+    try:
+        out_dir.mkdir(parents=True)
+    except OSError as exc:
+        raise ArtifactError(
+            f"cannot create export destination {out_dir}: {exc.strerror or exc}"
+        ) from None
+    return True
+
+
+def choose_exporter(ckpt: dict, path: Path, plugin: str | None) -> str | None:
+    """The plugin name to export with; None means every installed plugin (v1 only).
+
+    Reads only a name from the checkpoint and accepts it only when an installed
+    entry point has that name: nothing recorded in a file is ever imported.
+    """
+    if plugin is not None:
+        return plugin
+    recorded = checkpoint.plugins_of(checkpoint.run_of(ckpt))
+    if not recorded:
+        return None
+    name = str(recorded[0].get("name"))
+    if name in registry.installed_names():
+        return name
+    raise PluginError(
+        f"{path} was written by plugin {name!r}, which is not an installed entry point; "
+        f"slhub never imports code a checkpoint names: pass --plugin {name} to use it"
+    )
+
+
+def run_export(
+    checkpoint_path: str | Path, out_dir: str | Path, plugin: str | None = None
+) -> Exported:
+    """Export ``checkpoint_path`` into the new or empty directory ``out_dir``.
+
+    :param plugin: the plugin to export with (entry-point name or
+        ``package.module:object``); default: the installed plugin the
+        checkpoint names.
+    :raises ArtifactError: ``out_dir`` is not empty, not a directory or cannot be made.
+    :raises CheckpointError: the checkpoint is missing or damaged, or no plugin
+        recognizes it.
+    :raises PluginError: the checkpoint's plugin is not installed, or ``plugin``
+        does not load.
+    """
+    checkpoint_path = Path(checkpoint_path)
+    out_dir = Path(out_dir)
+    _refuse_unusable(out_dir)  # before the (possibly slow) checkpoint load
+    ckpt = checkpoint.load_checkpoint(checkpoint_path)
+    pm, candidates = registry.export_manager(choose_exporter(ckpt, checkpoint_path, plugin))
+    created = _claim_out_dir(out_dir)
+    try:
+        for source in candidates:
+            others = [p for name, p in pm.list_name_plugin() if name != source.name]
+            ask = pm.subset_hook_caller("export", remove_plugins=others)
+            result = ask(checkpoint=ckpt, checkpoint_path=checkpoint_path, out_dir=out_dir)
+            if result is not None:
+                return Exported(Path(result), source)
+    except BaseException:
+        if created:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
+    if created:
+        shutil.rmtree(out_dir, ignore_errors=True)
+    asked = ", ".join(s.name for s in candidates) or "none installed"
+    raise CheckpointError(
+        f"{checkpoint_path} is not a checkpoint any plugin asked can export (asked: {asked})"
+    )

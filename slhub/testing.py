@@ -1,0 +1,262 @@
+"""Test helpers for plugin authors (and slhub's own tests).
+
+- :class:`StandInTrainer` implements the :class:`slhub.Trainer` protocol without
+  a loop, so a plugin's hooks can be unit-tested directly, with its recipe
+  sections validated by the plugin's own models.
+- :func:`hooks_of` calls a plugin's hooks as the loop does (keyword arguments,
+  any subset of the documented parameters per implementation).
+- :func:`sampler_generator` is the generator a rank samples with, to rebuild a
+  real run's batches in an oracle.
+- :func:`check_resume_exact` runs a recipe uninterrupted, and again stopped at
+  update k and resumed, in fresh processes (one, or N Gloo workers under
+  torchrun), and compares the two final checkpoints bit for bit: model,
+  optimizer, schedule and every rank's state.
+- :func:`assert_tree_equal` is the exact comparison it uses (``torch.equal``
+  for tensors).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pluggy
+import torch
+from pydantic import BaseModel
+from torch import nn
+
+from slhub import hookspecs, rng
+from slhub.errors import PluginError
+from slhub.recipe import TrainerConfig
+
+__all__ = [
+    "ResumeCheck",
+    "StandInTrainer",
+    "assert_tree_equal",
+    "check_resume_exact",
+    "hooks_of",
+    "sampler_generator",
+]
+
+
+def hooks_of(*plugins: Any) -> Any:
+    """The hook relay of a plugin manager holding the slhub contract and ``plugins``.
+
+    ``hooks_of(plugin).sample(trainer=t, generator=g, step=1)`` calls the
+    plugin's ``sample`` exactly as the loop does, whatever subset of the
+    parameters it accepts. Built-in plugins are not registered.
+    """
+    manager = pluggy.PluginManager(hookspecs.PROJECT)
+    manager.add_hookspecs(hookspecs)
+    for plugin in plugins:
+        manager.register(plugin)
+    return manager.hook
+
+
+def sampler_generator(seed: int, rank: int = 0) -> torch.Generator:
+    """The sampler generator rank ``rank`` of a run seeded ``seed`` starts with."""
+    return torch.Generator().manual_seed(rng.derived_seed(seed, rank, "sampler"))
+
+
+class StandInTrainer:
+    """What hooks receive as ``trainer``, without a training loop.
+
+    :param plugin: when given, raw section mappings in ``sections`` are
+        validated with the models its ``recipe_sections`` hook declares, and
+        sections it declares but ``sections`` omits get their defaults.
+    :param sections: section name -> validated pydantic model or raw mapping.
+    :param trainer: ``trainer:`` keys (``batch_size``, ``seed``, ``lr``...);
+        ``steps=1``, ``batch_size=8``, ``lr=1e-3`` and ``output_dir`` are
+        filled in when absent.
+
+    ``save()`` records the names it was asked for in :attr:`saved` and writes
+    nothing.
+    """
+
+    def __init__(
+        self,
+        plugin: Any = None,
+        sections: Mapping[str, Any] | None = None,
+        *,
+        device: str | torch.device = "cpu",
+        rank: int = 0,
+        world_size: int = 1,
+        step: int = 0,
+        output_dir: str | Path = "outputs/stand-in",
+        **trainer: Any,
+    ) -> None:
+        keys = {"steps": 1, "batch_size": 8, "lr": 1e-3, "output_dir": str(output_dir)}
+        self.config = TrainerConfig.model_validate({**keys, **trainer})
+        self.device = torch.device(device)
+        self.rank = rank
+        self.world_size = world_size
+        self.step = step
+        self.output_dir = Path(self.config.output_dir)
+        self.generator = sampler_generator(self.config.seed, rank)
+        self.model: nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.saved: list[str | None] = []
+        self._sections = _validated(plugin, dict(sections or {}))
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def batch_size(self) -> int:
+        return self.config.batch_size
+
+    def section(self, name: str) -> Any:
+        try:
+            return self._sections[name]
+        except KeyError:
+            raise PluginError(f"recipe has no validated section {name!r}") from None
+
+    def save(self, name: str | None = None) -> Path | None:
+        self.saved.append(name)
+        return None
+
+    def build(self, plugin: Any) -> nn.Module:
+        """Call ``plugin.build_model`` seeded as the loop seeds it; keep the model and
+        give it the loop's optimizer (Adam with ``config.lr``)."""
+        rng.seed_everything(self.config.seed)
+        model = plugin.build_model(trainer=self)
+        self.model = model.to(self.device)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.config.lr)
+        return self.model
+
+
+def _validated(plugin: Any, sections: dict[str, Any]) -> dict[str, Any]:
+    if plugin is None or not hasattr(plugin, "recipe_sections"):
+        return sections
+    models: dict[str, type[BaseModel]] = plugin.recipe_sections() or {}
+    unknown = sorted(set(sections) - set(models))
+    if unknown:
+        raise PluginError(f"the plugin owns no section {', '.join(unknown)}")
+    out = {}
+    for name, model in models.items():
+        value = sections.get(name, {})
+        out[name] = value if isinstance(value, BaseModel) else model.model_validate(value or {})
+    return out
+
+
+# ---------------------------------------------------------------- exact resume
+
+
+def assert_tree_equal(a: Any, b: Any, where: str = "") -> None:
+    """Exact equality of nested checkpoint data (``torch.equal`` and dtype for tensors)."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor), f"tensor vs {type(b).__name__} at {where}"
+        assert a.dtype == b.dtype, f"dtypes differ at {where}: {a.dtype} != {b.dtype}"
+        assert torch.equal(a, b), f"tensors differ at {where}"
+    elif isinstance(a, dict):
+        assert isinstance(b, dict), f"dict vs {type(b).__name__} at {where}"
+        assert set(a) == set(b), f"keys differ at {where}: {set(a) ^ set(b)}"
+        for key in a:
+            assert_tree_equal(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)), f"sequence vs {type(b).__name__} at {where}"
+        assert len(a) == len(b), f"lengths differ at {where}: {len(a)} != {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_tree_equal(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"values differ at {where}: {a!r} != {b!r}"
+
+
+#: Checkpoint keys that hold the training state (``run`` is identity, not state).
+STATE_KEYS = ("step", "model", "optimizer", "scheduler", "ranks")
+
+
+@dataclass(frozen=True)
+class ResumeCheck:
+    """The run directories of :func:`check_resume_exact`."""
+
+    uninterrupted: Path
+    stopped: Path
+    resumed: Path
+
+    def final(self, which: str) -> dict[str, Any]:
+        return torch.load(getattr(self, which) / "last.pt", map_location="cpu", weights_only=True)
+
+
+def _command(workers: int) -> list[str]:
+    if workers == 1:
+        return [sys.executable, "-m", "slhub"]
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+        f"--nproc-per-node={workers}", "-m", "slhub",
+    ]  # fmt: skip
+
+
+def _train(
+    recipe: Path,
+    sets: Sequence[str],
+    workers: int,
+    cwd: Path,
+    env: dict,
+    timeout: float,
+    resume: Path | None = None,
+) -> None:
+    args = [*_command(workers), "train", "--config", str(recipe)]
+    for item in sets:
+        args += ["--set", item]
+    if resume is not None:
+        args += ["--resume", str(resume)]
+    proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
+
+
+def check_resume_exact(
+    recipe: str | Path,
+    *,
+    stop_at: int,
+    workdir: str | Path,
+    workers: int = 1,
+    overrides: Sequence[str] = (),
+    in_place: bool = False,
+    cwd: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 300.0,
+) -> ResumeCheck:
+    """Train ``recipe`` uninterrupted and stopped-at-``stop_at``-then-resumed; compare.
+
+    Both runs go to ``trainer.steps`` of the recipe (after ``overrides``). The
+    stopped run trains to update ``stop_at`` and is resumed from its
+    ``step_{stop_at}.pt`` into a fresh directory (or, with ``in_place``, into
+    its own). Each run starts fresh processes: ``python -m slhub`` for one
+    worker, ``torchrun --standalone --nproc-per-node=workers`` otherwise, with
+    ``OMP_NUM_THREADS=1`` and ``cwd`` (default: the current directory) on
+    ``PYTHONPATH``.
+
+    :raises AssertionError: a run failed, or the final checkpoints differ in
+        step, model, optimizer, scheduler or any rank's state (the message
+        names the first differing path).
+    """
+    workdir = Path(workdir)
+    cwd = Path(cwd or os.getcwd())
+    run_env = dict(os.environ if env is None else env)
+    run_env.setdefault("OMP_NUM_THREADS", "1")
+    run_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(cwd), run_env.get("PYTHONPATH", "")) if p
+    )
+    check = ResumeCheck(workdir / "uninterrupted", workdir / "stopped", workdir / "resumed")
+    resumed = check.stopped if in_place else check.resumed
+    check = ResumeCheck(check.uninterrupted, check.stopped, resumed)
+    base = list(overrides)
+    recipe = Path(recipe)
+    launch = {"workers": workers, "cwd": cwd, "env": run_env, "timeout": timeout}
+    _train(recipe, [*base, f"trainer.output_dir={check.uninterrupted}"], **launch)
+    _train(recipe, [*base, f"trainer.output_dir={check.stopped}", f"trainer.steps={stop_at}"],
+           **launch)  # fmt: skip
+    _train(recipe, [*base, f"trainer.output_dir={resumed}"], **launch,
+           resume=check.stopped / f"step_{stop_at}.pt")  # fmt: skip
+    expected, actual = check.final("uninterrupted"), check.final("resumed")
+    for key in STATE_KEYS:
+        assert_tree_equal(expected.get(key), actual.get(key), key)
+    return check
