@@ -1,33 +1,61 @@
-"""The output directory of a run: exclusive claim, run.json identity, append-only metrics.
+"""The run directory: its one writer's lock, run.json identity and append-only metrics.
 
 Only rank 0 calls anything here that touches the filesystem.
+
+- **One writer.** A run holds an exclusive ``flock`` on ``.slhub.lock`` for its
+  whole life; the OS releases it when the process dies, so a crashed run never
+  blocks its own requeue, and a live one is never joined by a second writer.
+- **run.json** is created exclusively and never rewritten.
+- **metrics.jsonl** is append-only. A resume in place appends a marker
+  ``{"step": k, "event": "resume", ...}``; :func:`read_metrics` returns the
+  effective history, dropping records a marker superseded (updates after k that
+  a crash between checkpoints left behind). A torn last line (a kill mid-write)
+  is fenced with a newline before anything is appended, so it stays one
+  unreadable line, which readers skip only there.
+- Nothing written is deleted: ``--overwrite`` and a fresh start under
+  ``--resume auto`` move old artifacts into a dated ``superseded-*`` folder.
+  Temporaries of a killed writer (``.NAME.tmp-PID``) are not artifacts and are
+  removed by the next lock holder.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import json
 import os
+import socket
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from slhub.errors import ArtifactError
 
 RUN_FORMAT = "slhub.run/1"
 RUN_FILE = "run.json"
 METRICS_FILE = "metrics.jsonl"
+LOCK_FILE = ".slhub.lock"
+RESUME_EVENT = "resume"
+
+
+def is_temporary(name: str) -> bool:
+    """A checkpoint being written (or left by a killed writer): ``.NAME.tmp-PID``."""
+    return name.startswith(".") and ".tmp-" in name
 
 
 def is_artifact(name: str) -> bool:
     """Files a run writes; a directory holding any of them is not fresh."""
-    return name in (RUN_FILE, METRICS_FILE) or name.endswith(".pt") or ".pt.tmp-" in name
+    return not is_temporary(name) and (name in (RUN_FILE, METRICS_FILE) or name.endswith(".pt"))
 
 
 def artifacts_in(folder: Path) -> list[str]:
     if not folder.is_dir():
         return []
     return sorted(p.name for p in folder.iterdir() if is_artifact(p.name))
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
 
 
 def new_identity(
@@ -42,7 +70,7 @@ def new_identity(
     return {
         "format": RUN_FORMAT,
         "run_id": uuid.uuid4().hex,
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": _now().isoformat(timespec="seconds"),
         "world_size": world_size,
         "recipe_digest": recipe_digest,
         "recipe": recipe,
@@ -51,19 +79,103 @@ def new_identity(
     }
 
 
-def claim(folder: Path, identity: dict[str, Any]) -> None:
-    """Claim an artifact-free directory by creating run.json exclusively."""
+# ------------------------------------------------------------------ the lock
+
+
+class RunLock:
+    """An exclusive lock on a run directory, held until :meth:`release` or process exit."""
+
+    def __init__(self, folder: Path, handle: TextIO) -> None:
+        self.folder = folder
+        self._handle: TextIO | None = handle
+
+    def release(self) -> None:
+        if self._handle is not None:
+            self._handle.close()  # closing the descriptor releases the flock
+            self._handle = None
+
+
+def lock(folder: Path) -> RunLock:
+    """Create ``folder`` if needed and lock it for this process, or raise naming the holder."""
     if folder.exists() and not folder.is_dir():
         raise ArtifactError(f"{folder}: trainer.output_dir exists and is not a directory")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handle = open(folder / LOCK_FILE, "a+", encoding="utf-8")  # noqa: SIM115 - held
+    except OSError as exc:
+        raise ArtifactError(
+            f"{folder}: cannot use trainer.output_dir ({exc.strerror or exc}); "
+            "choose a directory this user can create and write"
+        ) from None
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = _holder(handle.read())
+        handle.close()
+        raise ArtifactError(
+            f"{folder}: another slhub run writes into this directory ({holder}); wait for it "
+            "to end or stop it, or choose another trainer.output_dir"
+        ) from None
+    except OSError as exc:
+        handle.close()
+        raise ArtifactError(f"{folder}: cannot lock the run directory ({exc.strerror})") from None
+    handle.seek(0)
+    handle.truncate()
+    info = {"pid": os.getpid(), "host": socket.gethostname(), "since": _now().isoformat()}
+    handle.write(json.dumps(info) + "\n")
+    handle.flush()
+    _remove_temporaries(folder)
+    return RunLock(folder, handle)
+
+
+def _holder(text: str) -> str:
+    try:
+        info = json.loads(text)
+        return f"pid {info['pid']} on host {info['host']}, since {info['since']}"
+    except (ValueError, KeyError, TypeError):
+        return "holder unknown"
+
+
+def _remove_temporaries(folder: Path) -> None:
+    """Temporaries of a killed writer: never artifacts, safe to remove under the lock."""
+    for path in folder.iterdir():
+        if is_temporary(path.name) and path.is_file():
+            path.unlink(missing_ok=True)
+
+
+def move_aside(folder: Path) -> Path | None:
+    """Move every artifact of ``folder`` into a new ``superseded-<UTC time>`` folder in it.
+
+    Nothing is deleted; returns the new folder, or None when there was nothing to move.
+    """
+    found = artifacts_in(folder)
+    if not found:
+        return None
+    target = folder / f"superseded-{_now().strftime('%Y%m%dT%H%M%S.%fZ')}"
+    try:
+        target.mkdir()
+        for name in found:
+            os.replace(folder / name, target / name)
+    except OSError as exc:
+        raise ArtifactError(f"{folder}: cannot move old artifacts aside ({exc.strerror})") from None
+    return target
+
+
+# ------------------------------------------------------------------ identity
+
+
+def claim(folder: Path, identity: dict[str, Any]) -> None:
+    """Claim an artifact-free directory by creating run.json exclusively."""
     found = artifacts_in(folder)
     if found:
         raise ArtifactError(
             f"{folder}: output directory already holds run artifacts ({', '.join(found[:4])}); "
-            "choose a fresh trainer.output_dir, or --resume a checkpoint of that run"
+            "choose a fresh trainer.output_dir, --resume a checkpoint of that run, or pass "
+            "--overwrite to move them aside"
         )
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with open(folder / RUN_FILE, "x") as handle:
+        with open(folder / RUN_FILE, "x", encoding="utf-8") as handle:
             json.dump(identity, handle, indent=2, sort_keys=True, default=str)
             handle.write("\n")
             handle.flush()
@@ -71,7 +183,10 @@ def claim(folder: Path, identity: dict[str, Any]) -> None:
     except FileExistsError:
         raise ArtifactError(f"{folder}: another run claimed this directory first") from None
     except OSError as exc:
-        raise ArtifactError(f"{folder}: cannot create output directory ({exc.strerror})") from None
+        raise ArtifactError(
+            f"{folder}: cannot write {RUN_FILE} into trainer.output_dir "
+            f"({exc.strerror or exc}); choose a writable directory"
+        ) from None
 
 
 def read_identity(folder: Path) -> dict[str, Any] | None:
@@ -84,31 +199,11 @@ def read_identity(folder: Path) -> dict[str, Any] | None:
         raise ArtifactError(f"{path}: unreadable run identity ({exc})") from None
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """Every line of a metrics.jsonl; a torn last line (a crash mid-append) is ignored."""
-    if not path.exists():
-        return []
-    lines = path.read_text().splitlines()
-    out = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            if i == len(lines) - 1:
-                break
-            raise ArtifactError(f"{path}: line {i + 1} is not JSON") from None
-    return out
-
-
-def check_resume_destination(
-    folder: Path, checkpoint_run: dict[str, Any] | None, checkpoint_step: int
-) -> bool:
+def check_resume_destination(folder: Path, checkpoint_run: dict[str, Any] | None) -> bool:
     """Decide whether a resume writes into a fresh directory (False) or in place (True).
 
-    In place is allowed only when run.json belongs to the checkpoint's run and
-    the metrics history is not ahead of the checkpoint.
+    In place is allowed when run.json belongs to the checkpoint's run; metrics
+    the run wrote after its checkpoint are superseded by the resume marker.
     """
     found = artifacts_in(folder)
     if not found:
@@ -129,13 +224,54 @@ def check_resume_destination(
             f"{folder}: run.json belongs to run {identity.get('run_id')}, the checkpoint to run "
             f"{checkpoint_run.get('run_id')}; resume into a fresh trainer.output_dir"
         )
-    steps = [int(m["step"]) for m in read_metrics(folder / METRICS_FILE) if "step" in m]
-    if steps and max(steps) > checkpoint_step:
-        raise ArtifactError(
-            f"{folder}: metrics history reaches update {max(steps)}, ahead of the checkpoint's "
-            f"update {checkpoint_step}; resume into a fresh trainer.output_dir"
-        )
     return True
+
+
+# ------------------------------------------------------------------ metrics
+
+
+def read_metrics(path: Path, *, markers: bool = False) -> list[dict[str, Any]]:
+    """The effective history of a metrics.jsonl, in order.
+
+    A resume marker at update k drops every earlier record with a step after k
+    (those updates were redone). An unreadable line is tolerated only where a
+    kill can leave one: last, or fenced right before a resume marker. With
+    ``markers`` the resume markers themselves are kept.
+    """
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    out: list[dict[str, Any]] = []
+    torn: int | None = None
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            if torn is not None:
+                raise ArtifactError(f"{path}: line {torn + 1} is not JSON") from None
+            torn = i
+            continue
+        if torn is not None:
+            if record.get("event") != RESUME_EVENT:
+                raise ArtifactError(f"{path}: line {torn + 1} is not JSON")
+            torn = None
+        if record.get("event") == RESUME_EVENT:
+            step = int(record["step"])
+            out = [r for r in out if int(r.get("step", 0)) <= step]
+            if not markers:
+                continue
+        out.append(record)
+    if torn is not None and torn != _last_nonblank(lines):
+        raise ArtifactError(f"{path}: line {torn + 1} is not JSON")
+    return out
+
+
+def _last_nonblank(lines: list[str]) -> int:
+    return max((i for i, line in enumerate(lines) if line.strip()), default=-1)
 
 
 class MetricsLog:
@@ -143,14 +279,42 @@ class MetricsLog:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        try:
+            self._handle = open(path, "a+b")  # noqa: SIM115 - closed in close()
+            self._fence()
+        except OSError as exc:
+            raise ArtifactError(
+                f"{path}: cannot open metrics for appending ({exc.strerror})"
+            ) from None
+
+    def _fence(self) -> None:
+        """End a torn last line (a kill mid-write) so the next record starts a line."""
+        size = self._handle.seek(0, os.SEEK_END)
+        if size == 0:
+            return
+        self._handle.seek(size - 1)
+        if self._handle.read(1) != b"\n":
+            self._handle.seek(0, os.SEEK_END)
+            self._handle.write(b"\n")
+            self._handle.flush()
 
     def append(self, record: dict[str, Any]) -> None:
-        self._handle.write(json.dumps(record, sort_keys=True) + "\n")
-        self._handle.flush()
+        try:
+            self._handle.write((json.dumps(record, sort_keys=True) + "\n").encode())
+            self._handle.flush()
+        except OSError as exc:
+            raise ArtifactError(f"{self.path}: cannot append metrics ({exc.strerror})") from None
+
+    def mark_resume(self, step: int, checkpoint: str) -> None:
+        """Record that the run continues from update ``step``: later records supersede."""
+        self.append({"step": step, "event": RESUME_EVENT, "checkpoint": checkpoint})
 
     def sync(self) -> None:
         os.fsync(self._handle.fileno())
 
     def close(self) -> None:
-        self._handle.close()
+        """Close; a failure to flush was already reported by the append that caused it."""
+        try:
+            self._handle.close()
+        except OSError:
+            pass

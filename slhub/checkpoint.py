@@ -24,6 +24,7 @@ import hashlib
 import io
 import os
 import pickle
+import re
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -171,27 +172,44 @@ def sha256_file(path: str | Path) -> str:
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Load a v1 or v2 checkpoint safely, or raise a one-line :class:`CheckpointError`."""
     path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(
+            f"{path}: is a directory, not a checkpoint file; name one, e.g. {path / 'last.pt'}"
+        )
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
     try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError) as exc:
-        raise CheckpointError(f"{path}: damaged or not a checkpoint ({_reason(exc)})") from None
-    except (PermissionError, IsADirectoryError) as exc:
+        is_archive = zipfile.is_zipfile(path)
+    except OSError as exc:
         raise CheckpointError(f"{path}: cannot read checkpoint ({exc.strerror or exc})") from None
-    except OSError as exc:  # a truncated archive surfaces as EINVAL from the zip reader
+    if not is_archive:  # torch.save writes a zip archive; anything else is not ours
+        raise CheckpointError(
+            f"{path}: damaged or not a checkpoint (not a complete torch.save archive)"
+        )
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except PermissionError as exc:
+        raise CheckpointError(f"{path}: cannot read checkpoint ({exc.strerror or exc})") from None
+    except MemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - torch.load fails in many ways on foreign bytes
         raise CheckpointError(f"{path}: damaged or not a checkpoint ({_reason(exc)})") from None
     check_layout(data, path)
     return data
 
 
 def _reason(exc: BaseException) -> str:
-    """The informative part of a torch.load failure, on one line."""
+    """The informative part of a torch.load failure, on one line, never cut mid-sentence."""
     text = " ".join(str(exc).split())
     marker = "WeightsUnpickler error:"
     if marker in text:
-        text = "needs pickle to load: " + text.split(marker, 1)[1].strip().split(". ", 1)[0]
-    return text[:200] or exc.__class__.__name__
+        detail = text.split(marker, 1)[1].strip()
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", detail)
+        what = f"it names {found.group(1)}" if found else detail.split(". ", 1)[0].rstrip(".")
+        return f"needs pickle to load: {what}; slhub loads checkpoints with weights_only=True"
+    if len(text) > 200:
+        text = text[:200].rsplit(" ", 1)[0] + " ..."
+    return text or exc.__class__.__name__
 
 
 def check_layout(data: Any, path: str | Path) -> int:

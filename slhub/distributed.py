@@ -123,6 +123,8 @@ class Agreement:
     total_weight: float
     weighted_loss_sum: float
     failures: tuple[tuple[int, str], ...]
+    #: Some rank was asked to stop (a preemption signal): every rank stops after this update.
+    stop: bool = False
 
     @property
     def failed(self) -> bool:
@@ -130,27 +132,42 @@ class Agreement:
 
 
 def agree(
-    weight: float, weighted_loss: float, failure_phase: str | None, device: torch.device
+    weight: float,
+    weighted_loss: float,
+    failure_phase: str | None,
+    device: torch.device,
+    stop: bool = False,
 ) -> Agreement:
-    """The one all-reduce per update: ``[sum w_r, sum w_r * L_r]``, with failure as NaN.
+    """The one all-reduce per update: ``[sum w_r, sum w_r * L_r]``, with failure as NaN
+    and a stop request as +inf.
 
     A failing rank contributes NaN as its weight. Healthy weights are finite and
     >= 0, so the sum is NaN exactly when some rank failed; only then do all ranks
     (every one of them sees the NaN) run a second all-reduce of per-rank phase
-    codes that names who failed and where. A healthy update costs one two-element
-    all-reduce: on Gloo, three or more elements cost two to three times as much
+    codes that names who failed and where. A rank asked to stop contributes +inf
+    as its weighted loss (a healthy one is finite), so the sum is +inf exactly
+    when some rank was asked to stop; only then is the true weighted loss
+    reduced once more. A healthy update costs one two-element all-reduce: on
+    Gloo, three or more elements cost two to three times as much
     (benchmarks/gloo_allreduce_sizes.py).
     """
     failed = failure_phase is not None
     buf = torch.tensor(
-        [math.nan if failed else weight, 0.0 if failed else weighted_loss], dtype=torch.float64
+        [math.nan if failed else weight, 0.0 if failed else (math.inf if stop else weighted_loss)],
+        dtype=torch.float64,
     )
     if dist.is_initialized():
         buf = buf.to(device)
         dist.all_reduce(buf)
     total_weight, weighted_loss_sum = buf.tolist()
     if not math.isnan(total_weight):
-        return Agreement(total_weight, weighted_loss_sum, ())
+        if weighted_loss_sum != math.inf:
+            return Agreement(total_weight, weighted_loss_sum, ())
+        true_loss = torch.tensor([0.0 if failed else weighted_loss], dtype=torch.float64)
+        if dist.is_initialized():
+            true_loss = true_loss.to(device)
+            dist.all_reduce(true_loss)
+        return Agreement(total_weight, true_loss.item(), (), stop=True)
     codes = torch.zeros(world_size(), dtype=torch.float64)
     if failed:
         codes[rank()] = PHASES.index(failure_phase) + 1

@@ -27,23 +27,38 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from slhub.errors import RecipeError
 
 #: Trainer keys that may differ between a checkpoint's recipe and a resumed run's.
-RESUMABLE_KEYS: frozenset[str] = frozenset({"trainer.output_dir", "trainer.steps"})
+RESUMABLE_KEYS: frozenset[str] = frozenset(
+    {"trainer.output_dir", "trainer.steps", "trainer.stop_signals"}
+)
+
+
+#: Bounds that keep a value inside what torch and numpy accept, so a typo fails here.
+MAX_COUNT = 2**31 - 1
+MAX_SEED = 2**63 - 1
 
 
 class TrainerConfig(BaseModel):
-    """The core's recipe section (docs/recipes.md documents every key)."""
+    """The core's recipe section (docs/recipes.md documents every key).
 
-    model_config = ConfigDict(extra="forbid")
+    Strict: ``true`` is not an integer and ``1.5`` is not a count; numbers
+    must be finite.
+    """
 
-    steps: int = Field(gt=0)
-    batch_size: int = Field(gt=0)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    steps: int = Field(gt=0, le=MAX_COUNT)
+    batch_size: int = Field(gt=0, le=MAX_COUNT)
     lr: float = Field(gt=0)
-    seed: int = Field(default=0, ge=0)
-    validate_every: int = Field(default=0, ge=0)
-    save_every: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
+    validate_every: int = Field(default=0, ge=0, le=MAX_COUNT)
+    save_every: int = Field(default=0, ge=0, le=MAX_COUNT)
     output_dir: str = Field(min_length=1)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     timeout_s: float = Field(default=600.0, gt=0)
+    #: Signals that stop the run after the current update, with a checkpoint (preemption).
+    stop_signals: list[Literal["SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP"]] = Field(
+        default_factory=lambda: ["SIGTERM", "SIGUSR1"]
+    )
 
 
 #: Top-level keys the core validates itself; every other key is a plugin's section.
@@ -77,8 +92,11 @@ class Recipe:
         data: dict[str, Any],
         head: RecipeHead,
         objects: dict[str, Any] | None = None,
+        overrides: list[str] | None = None,
     ) -> None:
         self.source = source
+        #: The ``--set`` overrides applied, so errors can name the one at fault.
+        self.overrides = list(overrides or [])
         self.data = data
         self.plugin = head.plugin
         self.plugins = list(head.plugins)
@@ -107,9 +125,8 @@ class Recipe:
                 continue
             if key not in models:
                 owned = ", ".join(sorted(models)) or "none"
-                raise RecipeError(
-                    f"{self.source}: {key}: unknown key (the run's plugins own: {owned})"
-                )
+                where = _origin(self.source, self.overrides, key)
+                raise RecipeError(f"{where}: {key}: unknown key (the run's plugins own: {owned})")
         for name, model in models.items():
             raw = self.data.get(name, {})
             if raw is None:
@@ -117,7 +134,9 @@ class Recipe:
             try:
                 self.sections[name] = model.model_validate(raw)
             except ValidationError as exc:
-                raise RecipeError(format_validation_error(self.source, exc, prefix=name)) from None
+                raise RecipeError(
+                    format_validation_error(self.source, exc, prefix=name, overrides=self.overrides)
+                ) from None
 
 
 def recipe_digest(data: dict[str, Any]) -> str:
@@ -171,18 +190,45 @@ _MESSAGES = {
     "missing": lambda ctx: "required key is missing",
     "literal_error": lambda ctx: f"must be one of {ctx['expected']}",
     "string_too_short": lambda ctx: "must not be empty",
+    "int_type": lambda ctx: "must be an integer",
+    "int_from_float": lambda ctx: "must be an integer",
+    "float_type": lambda ctx: "must be a number",
+    "finite_number": lambda ctx: "must be a finite number",
+    "string_type": lambda ctx: "must be a string",
+    "bool_type": lambda ctx: "must be true or false",
+    "list_type": lambda ctx: "must be a list",
+    "dict_type": lambda ctx: "must be a mapping",
+    "model_type": lambda ctx: "must be a mapping",
 }
 
 
-def format_validation_error(source: str, exc: ValidationError, prefix: str = "") -> str:
-    """One line naming the file and every failing field path."""
-    parts = []
+def format_validation_error(
+    source: str, exc: ValidationError, prefix: str = "", overrides: list[str] | None = None
+) -> str:
+    """One line naming every failing field path and where its value came from.
+
+    A value set by ``--set`` is reported against that override, not the file.
+    """
+    parts: list[tuple[str, str]] = []
     for error in exc.errors():
         loc = ".".join(str(p) for p in ((prefix,) if prefix else ()) + tuple(error["loc"]))
         render = _MESSAGES.get(error["type"])
         message = render(error.get("ctx", {})) if render else error["msg"]
-        parts.append(f"{loc or '(top level)'}: {message}")
-    return f"{source}: " + "; ".join(parts)
+        parts.append((_origin(source, overrides or [], loc), f"{loc or '(top level)'}: {message}"))
+    line, last = "", None
+    for origin, text in parts:
+        line += f"; {text}" if origin == last else f"{'; ' if line else ''}{origin}: {text}"
+        last = origin
+    return line
+
+
+def _origin(source: str, overrides: list[str], loc: str) -> str:
+    """``--set TEXT`` for the last override that set ``loc`` (or a section above it)."""
+    for text in reversed(overrides):
+        key = text.partition("=")[0].strip()
+        if loc == key or loc.startswith(key + ".") or key.startswith(loc + "."):
+            return f"--set {text}"
+    return source
 
 
 _EXPONENT_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
@@ -228,6 +274,21 @@ def _first_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml's SafeLoader, refusing a mapping that repeats a key (yaml keeps the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_recipe_file(path: str | Path) -> dict[str, Any]:
     """Read a recipe's YAML mapping, with one-line errors for every failure."""
     path = Path(path)
@@ -238,7 +299,7 @@ def read_recipe_file(path: str | Path) -> dict[str, Any]:
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
         raise RecipeError(f"{path}: cannot read recipe ({exc.__class__.__name__})") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -256,10 +317,12 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     once the registry knows which plugin owns which section.
     """
     data = apply_overrides(read_recipe_file(path), overrides or [])
-    return recipe_from_dict(data, source=str(path))
+    return recipe_from_dict(data, source=str(path), overrides=overrides)
 
 
-def recipe_from_dict(data: dict[str, Any], source: str) -> Recipe:
+def recipe_from_dict(
+    data: dict[str, Any], source: str, overrides: list[str] | None = None
+) -> Recipe:
     """Validate the core part of a recipe mapping (e.g. one stored in a checkpoint).
 
     ``plugin``/``plugins`` entries that are objects rather than names are
@@ -282,8 +345,8 @@ def recipe_from_dict(data: dict[str, Any], source: str) -> Recipe:
     try:
         head = RecipeHead.model_validate(data)
     except ValidationError as exc:
-        raise RecipeError(format_validation_error(source, exc)) from None
-    return Recipe(source, data, head, objects)
+        raise RecipeError(format_validation_error(source, exc, overrides=overrides)) from None
+    return Recipe(source, data, head, objects, overrides)
 
 
 def object_name(obj: Any) -> str:
@@ -321,7 +384,7 @@ def as_recipe(
     overrides = list(overrides or [])
     if overrides:
         data = apply_overrides(data, overrides)
-    return recipe_from_dict(data, source=source)
+    return recipe_from_dict(data, source=source, overrides=overrides)
 
 
 def _with_objects(recipe: Recipe) -> dict[str, Any]:

@@ -5,9 +5,14 @@
 2. Admission, on every rank: recipe, plugins, sections, the model and optimizer
    (:class:`slhub.trainer.Loop`) and the checkpoint to resume. Every rank agrees
    that every rank was admitted, or all fail with one message.
-3. Rank 0 opens the run directory: claims a fresh one and writes the identity
-   (run.json), or reopens the checkpoint's own run in place. Agreed again.
-4. The loop runs; the metrics log is closed however it ends.
+3. Rank 0 locks the run directory for the run's life, then claims a fresh one
+   and writes the identity (run.json), or reopens the checkpoint's own run in
+   place (appending a resume marker to metrics.jsonl). Agreed again.
+4. The loop runs with the stop signals installed; the metrics log and the lock
+   are released however it ends.
+
+``resume="auto"`` resumes from ``output_dir/last.pt`` when it exists and starts
+fresh otherwise, so one command serves a job's first start and every requeue.
 """
 
 from __future__ import annotations
@@ -17,15 +22,18 @@ from typing import Any
 
 import torch
 
-from slhub import artifacts, checkpoint, distributed, log, registry
+from slhub import artifacts, checkpoint, distributed, log, preemption, registry
 from slhub._version import __version__
-from slhub.errors import PluginError, SlhubError
+from slhub.errors import ArtifactError, PluginError, SlhubError
 from slhub.recipe import Recipe, as_recipe
 from slhub.trainer import Loop
 
 LOG = log.get_logger()
 
 RecipeInput = str | Path | dict[str, Any] | Recipe
+
+
+AUTO = "auto"
 
 
 def train(
@@ -36,35 +44,72 @@ def train(
     *,
     plugin: Any = None,
     plugins: list[Any] | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Run a recipe on this process (one rank of a torchrun job, or alone).
 
     :param recipe: a YAML path, a recipe mapping or a validated :class:`Recipe`.
     :param overrides: ``a.b=VALUE`` overrides, as ``--set`` on the command line.
-    :param resume: a checkpoint to continue from.
+    :param resume: a checkpoint to continue from, or ``"auto"``: the run
+        directory's ``last.pt`` when it exists, else a fresh start.
     :param log_format: ``console`` or ``json``.
+    :param overwrite: move the artifacts already in the output directory aside
+        (into a dated ``superseded-*`` folder) and start fresh.
     :param plugin: replaces the recipe's model plugin: a name or a plugin object
         (for example a class defined in a notebook cell).
     :param plugins: replaces the recipe's list of further plugins (names or objects).
     :returns: the output directory.
     :raises SlhubError: every rank-local error is agreed on, so all ranks raise
         the same error together.
+    :raises Preempted: a stop signal arrived; every rank raises it after the
+        checkpoint of the update it stopped at is written.
 
     Inside a caller's :func:`slhub.distributed_run` the run uses that scope's
     device and process group; otherwise it opens its own from the recipe.
     """
     overrides = list(overrides or [])
     log.configure(log_format, distributed.env_rank(), distributed.env_world_size())
+    if overwrite and resume is not None:
+        raise SlhubError("--overwrite starts a run over; it cannot be combined with --resume")
+    start = _Start(resume, overwrite)
 
     def admit() -> Recipe:
         return as_recipe(recipe, overrides, plugin=plugin, plugins=plugins)
 
+    if distributed.launched_by_torchrun():
+        preemption.stop_with_parent()
     outer = distributed.current_device()
     if outer is not None:
-        return _train_on(admit, resume, outer)
+        return _train_on(admit, start, outer)
     device_choice, timeout_s = _launch_settings(admit)
     with distributed.distributed_run(device_choice, timeout_s) as device:
-        return _train_on(admit, resume, device)
+        return _train_on(admit, start, device)
+
+
+class _Start:
+    """How a run starts: fresh, from a checkpoint, ``auto``, or over old artifacts."""
+
+    def __init__(self, resume: str | Path | None, overwrite: bool) -> None:
+        self.requested = resume
+        self.overwrite = overwrite
+        self.checkpoint: Path | None = None
+
+    def resolve(self, recipe: Recipe) -> Path | None:
+        """The checkpoint to resume from (None: a fresh run)."""
+        if self.requested is None:
+            return None
+        if str(self.requested) != AUTO:
+            self.checkpoint = Path(self.requested)
+        else:
+            last = Path(recipe.trainer.output_dir) / "last.pt"
+            self.checkpoint = last if last.is_file() else None
+        return self.checkpoint
+
+    @property
+    def auto_fresh(self) -> bool:
+        """``--resume auto`` found nothing to resume: a leftover run without checkpoints
+        (failed before its first save) is moved aside instead of blocking the start."""
+        return str(self.requested) == AUTO and self.checkpoint is None
 
 
 def _launch_settings(read: Any) -> tuple[str, float]:
@@ -80,23 +125,33 @@ def _launch_settings(read: Any) -> tuple[str, float]:
     return recipe.trainer.device, recipe.trainer.timeout_s
 
 
-def _train_on(read: Any, resume: str | Path | None, device: torch.device) -> Path:
+def _train_on(read: Any, start: _Start, device: torch.device) -> Path:
     loop: Loop | None = None
     ckpt: dict[str, Any] | None = None
     error: BaseException | None = None
     try:
-        loop, ckpt = _admit(read(), resume, device)
+        recipe = read()
+        loop, ckpt = _admit(recipe, start.resolve(recipe), device)
     except Exception as exc:  # noqa: BLE001 - agreed on below
         error = _logged(exc)
     _agree_or_raise(error, device)
     assert loop is not None
-    if loop.is_main:
-        try:
-            _open_run_directory(loop, ckpt, resume)
-        except Exception as exc:  # noqa: BLE001 - agreed on below
-            error = _logged(exc)
-    _agree_or_raise(error, device)
-    del ckpt
+    run_lock: artifacts.RunLock | None = None
+    try:
+        if loop.is_main:
+            try:
+                run_lock = _open_run_directory(loop, ckpt, start)
+            except Exception as exc:  # noqa: BLE001 - agreed on below
+                error = _logged(exc)
+        _agree_or_raise(error, device)
+        del ckpt
+        return _fit(loop, device)
+    finally:
+        if run_lock is not None:
+            run_lock.release()
+
+
+def _fit(loop: Loop, device: torch.device) -> Path:
     run_id = distributed.broadcast_from_rank0(loop.identity["run_id"] if loop.identity else None)
     log.bind(run_id=run_id)
     LOG.info(
@@ -109,7 +164,12 @@ def _train_on(read: Any, resume: str | Path | None, device: torch.device) -> Pat
         output_dir=str(loop.output_dir),
     )
     try:
-        loop.fit()
+        with preemption.StopSignals(loop.config.stop_signals) as signals:
+            loop.stop_signals = signals
+            loop.fit()
+    except preemption.Preempted as exc:
+        LOG.warning("preempted", step=exc.step)
+        raise
     except Exception as exc:
         _logged(exc)
         raise
@@ -121,7 +181,7 @@ def _train_on(read: Any, resume: str | Path | None, device: torch.device) -> Pat
 
 
 def _admit(
-    recipe: Recipe, resume: str | Path | None, device: torch.device
+    recipe: Recipe, resume: Path | None, device: torch.device
 ) -> tuple[Loop, dict[str, Any] | None]:
     """Everything a rank builds before training, with no side effects; raises on bad input."""
     plugins = registry.build_manager(recipe.plugin, recipe.plugins, recipe.objects)
@@ -163,13 +223,35 @@ def _agree_or_raise(error: BaseException | None, device: torch.device) -> None:
         distributed.raise_agreed_failure(agreed, error)
 
 
-def _open_run_directory(loop: Loop, ckpt: dict[str, Any] | None, resume: str | Path | None) -> None:
-    """Rank 0: claim a fresh output dir, or reopen the checkpoint's own run in place."""
+def _open_run_directory(
+    loop: Loop, ckpt: dict[str, Any] | None, start: _Start
+) -> artifacts.RunLock:
+    """Rank 0: lock the output dir, then claim it fresh or reopen the checkpoint's run in place."""
+    run_lock = artifacts.lock(loop.output_dir)
+    try:
+        _claim_or_reopen(loop, ckpt, start)
+    except BaseException:
+        run_lock.release()
+        raise
+    return run_lock
+
+
+def _claim_or_reopen(loop: Loop, ckpt: dict[str, Any] | None, start: _Start) -> None:
     folder = loop.output_dir
+    resume = start.checkpoint
+    if start.overwrite or start.auto_fresh:
+        if start.auto_fresh and any(n.endswith(".pt") for n in artifacts.artifacts_in(folder)):
+            raise ArtifactError(
+                f"{folder}: holds checkpoints but no last.pt, so --resume auto cannot tell where "
+                "to continue; --resume one of them, or pass --overwrite to start over"
+            )
+        moved = artifacts.move_aside(folder)
+        if moved is not None:
+            LOG.warning("moved old artifacts aside", folder=str(moved))
     ckpt_run = checkpoint.run_of(ckpt) if ckpt is not None else None
     in_place = False
     if ckpt is not None:
-        in_place = artifacts.check_resume_destination(folder, ckpt_run, checkpoint.step_of(ckpt))
+        in_place = artifacts.check_resume_destination(folder, ckpt_run)
     if in_place:
         loop.identity = ckpt_run
     else:
@@ -191,6 +273,9 @@ def _open_run_directory(loop: Loop, ckpt: dict[str, Any] | None, resume: str | P
         )
         artifacts.claim(folder, loop.identity)
     loop.metrics = artifacts.MetricsLog(folder / artifacts.METRICS_FILE)
+    if in_place:
+        assert ckpt is not None
+        loop.metrics.mark_resume(checkpoint.step_of(ckpt), str(resume))
 
 
 def _source_identity(plugins: registry.Plugins) -> dict[str, Any]:

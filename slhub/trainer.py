@@ -6,8 +6,8 @@
         err = None
         try:    batch = sample(generator, step); result = objective(batch, step)  # inside DDP
         except: err = (phase, exception)
-        agreed = agree(result.weight, weight*loss, err or held)   # ONE all_reduce per update
-                                                   # (+1 naming the origin, only on failure)
+        agreed = agree(result.weight, weight*loss, err or held, stop-signal received)
+                          # ONE all_reduce per update (+1 only on a failure or a stop request)
         if agreed.failed: raise the same RankFailure on every rank (origin rank, phase)
         if agreed.total_weight == 0: backward(exact zero); no optimizer step (skipped update)
         elif result.weight == 0:     backward(exact zero)               # contributes nothing
@@ -16,7 +16,9 @@
         if boundary: committed = gather every rank's save() state      # collective, all ranks
         if validation step and rank 0: validate(...)       # errors held for the next agree
         if save step and rank 0: write committed    # even if validation failed; errors held
+        if agreed.stop: save this update (as at a save step) and leave the loop
     final agree(): surfaces an error held from the last boundary
+    if agreed.stop: every rank raises Preempted (exit status 75; resume with --resume auto)
 
 DDP wraps the objective computation (model + loss), never ``loop.model``, which
 stays the original module for validation, saving and export. The loop is what
@@ -37,6 +39,7 @@ from slhub import checkpoint, distributed, log, rng
 from slhub.artifacts import MetricsLog
 from slhub.errors import CheckpointError, PluginError, SlhubError
 from slhub.hookspecs import LossResult
+from slhub.preemption import Preempted, StopSignals
 from slhub.recipe import Recipe
 from slhub.registry import Plugins
 
@@ -85,6 +88,8 @@ class Loop:
         #: and, on rank 0, the metrics log.
         self.identity: dict[str, Any] | None = None
         self.metrics: MetricsLog | None = None
+        #: Set by the bootstrap: the stop signals whose arrival ends the run at an update.
+        self.stop_signals: StopSignals | None = None
         self._committed: list[dict[str, Any]] | None = None
         self._committed_step = -1
         self._in_validation = False
@@ -165,19 +170,31 @@ class Loop:
                     device_ids=[self.device.index] if self.device.type == "cuda" else None,
                     broadcast_buffers=False,
                 )
+        stopped_at = None
         try:
             for step in range(self.step + 1, self.config.steps + 1):
-                self._update(step)
-                self._boundary(step)
+                stop = self._update(step)
+                self._boundary(step, save=stop)
+                if stop:
+                    stopped_at = step
+                    break
             self._agree_final()
         finally:
             self._ddp = None  # drop the wrapper before the process group goes away
+        if stopped_at is not None:
+            raise Preempted(
+                f"preempted by a stop signal at update {stopped_at}: wrote step_{stopped_at}.pt "
+                f"and last.pt in {self.output_dir}",
+                step=stopped_at,
+            )
 
-    def _update(self, step: int) -> None:
+    def _update(self, step: int) -> bool:
+        """One update under the protocol; True when the run was asked to stop after it."""
         log.bind(step=step)
         result, weight, loss_value, failure = self._compute(step)
+        stop = self.stop_signals is not None and self.stop_signals.requested
         agreed = distributed.agree(
-            weight, weight * loss_value, failure[0] if failure else None, self.device
+            weight, weight * loss_value, failure[0] if failure else None, self.device, stop
         )
         if agreed.failed:
             distributed.raise_agreed_failure(agreed, failure[1] if failure else None)
@@ -195,6 +212,7 @@ class Loop:
         self._rebuild_buckets_once()
         self.step = step
         self._commit(step, result, agreed)
+        return agreed.stop
 
     def _compute(self, step: int):
         """Sample and run the objective; a failure is returned, to be agreed on."""
@@ -258,10 +276,10 @@ class Loop:
         params = [p for p in self.model.parameters() if p.requires_grad]
         return torch.stack([p.reshape(-1)[:1].sum() for p in params]).sum() * 0.0
 
-    def _boundary(self, step: int) -> None:
+    def _boundary(self, step: int, save: bool = False) -> None:
         cfg = self.config
         validate_now = cfg.validate_every > 0 and step % cfg.validate_every == 0
-        save_now = (cfg.save_every > 0 and step % cfg.save_every == 0) or step == cfg.steps
+        save_now = save or (cfg.save_every > 0 and step % cfg.save_every == 0) or step == cfg.steps
         if not (validate_now or save_now):
             return
         self._gather_committed()

@@ -324,3 +324,18 @@ class UserErrorInBuild(SlDdpPlugin):
     @hookimpl
     def build_model(self, trainer):
         raise SlhubError("model.hidden must be even for this plugin (got 33)")
+
+
+class Slow(SlDdpPlugin):
+    """sl_ddp, slowed by SLHUB_SLOW_S seconds per update (default 0.01), so a test can
+    signal or kill a run in the middle; the computation is unchanged. With SLHUB_GATE set,
+    update 3 waits until that file exists (a test holds a run open while it acts)."""
+
+    @hookimpl
+    def on_commit(self, step):
+        import time
+
+        time.sleep(float(os.environ.get("SLHUB_SLOW_S", "0.01")))
+        gate = os.environ.get("SLHUB_GATE")
+        while gate and step == 3 and not Path(gate).exists():
+            time.sleep(0.01)

@@ -88,33 +88,29 @@ def _oracle(recipe_path: Path, steps: int) -> tuple[dict, dict]:
     """Independent single-process Adam updates on the concatenated batches of both ranks."""
     import yaml
 
-    from examples.sl_ddp.plugin import CorpusConfig, MlpConfig, masked_mse
-    from slhub.rng import seed_everything
-    from slhub.trainer import sampler_seed
+    from examples.sl_ddp.plugin import masked_mse
+    from slhub.testing import StandInTrainer, hooks_of, sampler_generator
     from slhub_testplugins import OracleProbe
 
     recipe = yaml.safe_load(recipe_path.read_text())
     cfg = recipe["trainer"]
-
-    class FakeTrainer:
-        batch_size = cfg["batch_size"]
-        device = torch.device("cpu")
-        step = 0
-
-        def section(self, name):
-            return {"data": CorpusConfig(**recipe["data"]), "model": MlpConfig(**recipe["model"])}[
-                name
-            ]
-
-    plugin, fake = OracleProbe(), FakeTrainer()
-    seed_everything(cfg["seed"])
-    model = plugin.build_model(fake)
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg["lr"])
-    generators = [torch.Generator().manual_seed(sampler_seed(cfg["seed"], r)) for r in (0, 1)]
-    for step in range(steps):
-        xs, ys, masks = zip(*(plugin.sample(fake, g) for g in generators))
+    plugin = OracleProbe()
+    trainer = StandInTrainer(
+        plugin,
+        {name: recipe[name] for name in plugin.recipe_sections()},
+        batch_size=cfg["batch_size"],
+        lr=cfg["lr"],
+        seed=cfg["seed"],
+    )
+    model = trainer.build(plugin)  # seeded as the loop seeds it; Adam(lr) as the loop's
+    optimizer = trainer.optimizer
+    hooks = hooks_of(plugin)
+    generators = [sampler_generator(cfg["seed"], r) for r in (0, 1)]
+    for step in range(1, steps + 1):
+        batches = [hooks.sample(trainer=trainer, generator=g, step=step) for g in generators]
+        xs, ys, masks = zip(*batches)
         masks = list(masks)
-        if step == 1:
+        if step == 2:
             masks[1] = torch.zeros_like(masks[1])  # as OracleProbe does on rank 1, update 2
         x, y, mask = (torch.cat(t) for t in (xs, ys, masks))
         loss, _ = masked_mse(model(x), y, mask)

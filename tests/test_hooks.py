@@ -14,7 +14,7 @@ import torch
 from conftest import REPO, SL_DDP, load, metrics_of, one_line_error, run_cli
 from slhub import hookspecs, train
 from slhub.errors import PluginError, RankFailure, RecipeError
-from slhub.trainer import sampler_seed
+from slhub.testing import sampler_generator
 
 SPECS = sorted(n for n in dir(hookspecs) if hasattr(getattr(hookspecs, n), "slhub_spec"))
 
@@ -81,7 +81,7 @@ def test_hook_build_model(tmp_path: Path):
 def test_hook_sample(tmp_path: Path):
     """sample draws with the trainer-owned generator, seeded per rank and checkpointed."""
     out = _run(tmp_path, "examples.sl_ddp.plugin:SlDdpPlugin", *SHORT)
-    generator = torch.Generator().manual_seed(sampler_seed(0, 0))
+    generator = sampler_generator(0, 0)
     for _ in range(4):
         torch.randint(0, 4096, (32,), generator=generator)
     assert torch.equal(load(out / "last.pt")["ranks"][0]["sampler"], generator.get_state())

@@ -4,7 +4,7 @@ v1/v2 export to identical bytes, exact exported predictions and export errors.""
 from __future__ import annotations
 
 import json
-import types
+import math
 from pathlib import Path
 
 import pytest
@@ -25,6 +25,7 @@ from slhub.builtin.nerd.plugin import NerdPlugin
 from slhub.checkpoint import to_v1
 from slhub.export import load as load_export
 from slhub.export.command import run_export
+from slhub.testing import StandInTrainer
 
 NERD = REPO / "examples" / "nerd" / "cartpole" / "sl.train.yaml"
 
@@ -63,24 +64,33 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
-def _trained_model(ckpt: dict, tmp_path: Path) -> torch.nn.Module:
-    """The trained model as the recipe builds it (not via the export path), with its weights."""
+def _rebuilt(ckpt: dict) -> tuple[NerdPlugin, StandInTrainer, torch.nn.Module]:
+    """The plugin and the trained model as the recipe builds them (not via the export
+    path), with the checkpoint's weights, in eval mode."""
     recipe = ckpt["run"]["recipe"]
     plugin = NerdPlugin()
-    models = plugin.recipe_sections()
-    sections = {name: model.model_validate(recipe[name]) for name, model in models.items()}
-    trainer = types.SimpleNamespace(section=sections.__getitem__)
-    model = plugin.build_model(trainer=trainer)
+    sections = {name: recipe[name] for name in plugin.recipe_sections()}
+    trainer = StandInTrainer(
+        plugin, sections, seed=recipe["trainer"]["seed"], batch_size=recipe["trainer"]["batch_size"]
+    )
+    model = trainer.build(plugin)
     model.load_state_dict(ckpt["model"])
-    return model.eval()
+    return plugin, trainer, model.eval()
 
 
 def test_training_logs_rollout_and_baseline_validation(runs):
     for name in ("single", "ddp"):
         lines = [m for m in metrics_of(runs[name]) if "validation/one_step_mse" in m]
         assert [m["step"] for m in lines] == [3, 6]
-        for key in ("rollout_mse_2", "rollout_mse_8", "baseline_mse_2", "baseline_mse_8"):
-            assert lines[-1][f"validation/{key}"] >= 0
+        logged = {k.removeprefix("validation/"): v for k, v in lines[-1].items() if k != "step"}
+        assert set(logged) == {
+            "one_step_mse", "rollout_mse_2", "rollout_mse_8", "baseline_mse_2", "baseline_mse_8"
+        }  # fmt: skip
+        assert all(math.isfinite(v) and v > 0 for v in logged.values()), logged
+        # What rank 0 logged at update 6 is what validating last.pt's weights gives.
+        plugin, trainer, model = _rebuilt(load(runs[name] / "last.pt"))
+        with torch.no_grad():
+            assert plugin.validate(trainer=trainer, model=model, step=6) == logged
     assert load(runs["ddp"] / "last.pt")["run"]["world_size"] == 2
 
 
@@ -117,7 +127,7 @@ def test_v1_and_v2_export_identically_and_predict_exactly(runs, tmp_path, name):
     assert manifest_v1["checkpoint_format"] == "slhub.checkpoint/1"
 
     p1, p2 = load_export(out_v1), load_export(out_v2)
-    trained = _trained_model(v2, tmp_path)
+    _, _, trained = _rebuilt(v2)
     names = p1.input_names
     generator = torch.Generator().manual_seed(0)
     tokens = torch.randn(5, 4, 5, generator=generator)

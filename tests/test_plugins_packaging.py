@@ -112,7 +112,8 @@ def test_installed_wheels_train_the_example_from_an_unrelated_directory(venv, tm
     sets = [*small, "trainer.steps=6", "trainer.validate_every=3", "trainer.output_dir=out"]
     _run([venv.slhub, "train", "--config", "recipe.yaml", *(f"--set={s}" for s in sets)], tmp_path)
     out = tmp_path / "out"
-    assert json.loads((out / "run.json").read_text())["source"]["plugin"]["dist"] == dist
+    plugins = json.loads((out / "run.json").read_text())["source"]["plugins"]
+    assert [(p["dist"], p["role"]) for p in plugins] == [(dist, "model")]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     validated = [r["step"] for r in rows if any(k.startswith("validation/") for k in r)]
     assert validated == [3, 6]

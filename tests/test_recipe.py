@@ -19,8 +19,8 @@ def test_overrides_later_wins_and_parse_yaml_scalars():
     assert data == {"trainer": {"lr": 0.001, "device": "cpu"}, "model": {"hidden": 8}}
 
 
-def test_override_validated_like_the_file():
-    with pytest.raises(RecipeError, match=r"cpu\.yaml: trainer\.lr: must be > 0"):
+def test_override_validated_like_the_file_and_named_in_the_error():
+    with pytest.raises(RecipeError, match=r"^--set trainer\.lr=0: trainer\.lr: must be > 0"):
         load_recipe(SL_DDP, ["trainer.lr=0"])
     with pytest.raises(RecipeError, match=r"trainer\.device: must be one of 'auto', 'cpu' or"):
         load_recipe(SL_DDP, ["trainer.device=tpu"])

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 from slhub import LossResult
 from slhub.data import cartpole_step
+from slhub.testing import check_resume_exact, hooks_of
 
 from slhub_bc.expert import demonstrations, expert_action, linearize, lqr_gain
 from slhub_bc.model import StatePolicy, VisualPolicy
@@ -23,8 +27,7 @@ SMALL = {
 def _built(make_trainer, batch_size=8, **changes):
     section = BcSection.model_validate({**SMALL, **changes})
     plugin, trainer = BcPlugin(), make_trainer(section, batch_size)
-    torch.manual_seed(0)
-    return plugin, trainer, plugin.build_model(trainer=trainer)
+    return plugin, trainer, trainer.build(plugin)  # torch seeded as the loop seeds it
 
 
 def test_lqr_expert_stabilizes_the_cartpole():
@@ -60,8 +63,9 @@ def test_render_draws_cart_and_pole_without_a_display():
 def test_sample_objective_validate(make_trainer, observation):
     plugin, trainer, model = _built(make_trainer, batch_size=5, observation=observation)
     assert isinstance(model, StatePolicy if observation == "state" else VisualPolicy)
-    batch = plugin.sample(trainer=trainer, generator=torch.Generator().manual_seed(0))
-    again = plugin.sample(trainer=trainer, generator=torch.Generator().manual_seed(0))
+    hooks = hooks_of(plugin)  # called as the loop calls it, at two different updates
+    batch = hooks.sample(trainer=trainer, generator=torch.Generator().manual_seed(0), step=1)
+    again = hooks.sample(trainer=trainer, generator=torch.Generator().manual_seed(0), step=2)
     assert all(torch.equal(batch[k], again[k]) for k in batch)
     shape = (5, 4) if observation == "state" else (5, 2, 64, 64)
     assert batch["obs"].shape == shape and batch["action"].shape == (5, 1)
@@ -94,3 +98,61 @@ def test_an_expert_policy_balances_in_closed_loop(make_trainer):
         assert plugin.validate(trainer=trainer, model=expert, step=1)["balanced"] == 1.0
         zero = lambda states: states[:, :1] * 0  # noqa: E731 - no control: the pole falls
         assert plugin.validate(trainer=trainer, model=zero, step=1)["balanced"] == 0.0
+
+
+# ------------------------------------------------------------------ the example recipe
+
+
+def _metrics(folder: Path, after: int) -> list[dict]:
+    """The run's metrics.jsonl records of updates after ``after``."""
+    lines = (folder / "metrics.jsonl").read_text().splitlines()
+    return [m for m in map(json.loads, lines) if m["step"] > after]
+
+
+def test_example_recipe_resumes_bit_exactly(tmp_path, repo, make_trainer):
+    """examples/bc/state.yaml, made tiny, stopped after update 2 and resumed on one
+    process, ends bit for bit where the uninterrupted run ends (model, optimizer, every
+    rank's state); the checkpoint is this package's model and logs its validation."""
+    check = check_resume_exact(
+        repo / "examples/bc/state.yaml",
+        stop_at=2,
+        workdir=tmp_path,
+        workers=1,
+        cwd=repo,
+        overrides=[
+            "trainer.steps=4",
+            "trainer.batch_size=8",
+            "trainer.validate_every=2",
+            "trainer.save_every=2",
+            "trainer.device=cpu",
+            "bc.hidden=16",
+            "bc.data.train_episodes=4",
+            "bc.data.val_episodes=2",
+            "bc.data.length=20",
+            "bc.rollouts=2",
+            "bc.rollout_steps=10",
+        ],
+    )
+    final, stopped = check.final("resumed"), check.final("stopped")
+    assert final["step"] == 4 and stopped["step"] == 2
+    run = final["run"]
+    assert run["recipe"]["plugin"] == "bc" and run["world_size"] == 1
+    assert [(p["name"], p["object"], p["role"]) for p in run["source"]["plugins"]] == [
+        ("bc", "slhub_bc.plugin:BcPlugin", "model")
+    ]
+    # Updates 3 and 4 log the same losses and validation in both runs.
+    later = _metrics(check.uninterrupted, after=2)
+    assert later == _metrics(check.resumed, after=2)
+    assert [m["step"] for m in later if "validation/mse" in m] == [4]
+    # The weights are the plugin's model for the recorded section, and validating them
+    # gives what the run logged at update 4.
+    section = BcSection.model_validate(run["recipe"]["bc"])
+    plugin, trainer = BcPlugin(), make_trainer(section)
+    model = trainer.build(plugin)
+    model.load_state_dict(final["model"])
+    with torch.no_grad():
+        (metrics,) = hooks_of(plugin).validate(trainer=trainer, model=model.eval(), step=4)
+    logged = next(m for m in later if "validation/mse" in m)
+    assert set(logged) == {"step", *(f"validation/{k}" for k in metrics)}
+    for key, value in metrics.items():
+        assert value == pytest.approx(logged[f"validation/{key}"], rel=1e-6, abs=1e-12), key

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 from pydantic import ValidationError
 from slhub import LossResult
+from slhub.testing import check_resume_exact, hooks_of
 
 from slhub_rigidformer.plugin import RigidFormerPlugin, RigidFormerSection
 from slhub_rigidformer.scenes import simulate
@@ -17,8 +21,7 @@ SMALL = {"scenes": {"train_scenes": 24, "val_scenes": 4, "steps": 12}, "model": 
 def _built(make_trainer, batch_size=8, **changes):
     section = RigidFormerSection.model_validate({**SMALL, **changes})
     plugin, trainer = RigidFormerPlugin(), make_trainer(section, batch_size)
-    torch.manual_seed(0)
-    return plugin, trainer, plugin.build_model(trainer=trainer)
+    return plugin, trainer, trainer.build(plugin)  # torch seeded as the loop seeds it
 
 
 def test_scenes_have_uneven_counts_and_zero_padding():
@@ -90,8 +93,9 @@ def test_loss_is_a_mean_over_valid_objects_only(make_trainer):
 
 def test_sample_is_a_function_of_the_generator(make_trainer):
     plugin, trainer, _ = _built(make_trainer, batch_size=5)
-    a = plugin.sample(trainer=trainer, generator=torch.Generator().manual_seed(3))
-    b = plugin.sample(trainer=trainer, generator=torch.Generator().manual_seed(3))
+    hooks = hooks_of(plugin)  # called as the loop calls it, at two different updates
+    a = hooks.sample(trainer=trainer, generator=torch.Generator().manual_seed(3), step=1)
+    b = hooks.sample(trainer=trainer, generator=torch.Generator().manual_seed(3), step=2)
     assert a["features"].shape == (5, 6, 16) and a["targets"].shape == (5, 6, 8)
     assert all(torch.equal(a[k], b[k]) for k in a)
 
@@ -102,3 +106,62 @@ def test_validate_and_float64(make_trainer):
     with torch.no_grad():
         metrics = plugin.validate(trainer=trainer, model=model.eval(), step=1)
     assert set(metrics) == {"mse"} and np.isfinite(metrics["mse"])
+
+
+# ------------------------------------------------------------------ the example recipe
+
+
+def _metrics(folder: Path, after: int) -> list[dict]:
+    """The run's metrics.jsonl records of updates after ``after``."""
+    lines = (folder / "metrics.jsonl").read_text().splitlines()
+    return [m for m in map(json.loads, lines) if m["step"] > after]
+
+
+def test_example_recipe_resumes_bit_exactly(tmp_path, repo, make_trainer):
+    """examples/rigidformer/boxes.yaml, made tiny, stopped after update 2 and resumed on one
+    process, ends bit for bit where the uninterrupted run ends (model, optimizer, every
+    rank's state); the checkpoint is this package's model and logs its validation."""
+    check = check_resume_exact(
+        repo / "examples/rigidformer/boxes.yaml",
+        stop_at=2,
+        workdir=tmp_path,
+        workers=1,
+        cwd=repo,
+        overrides=[
+            "trainer.steps=4",
+            "trainer.batch_size=8",
+            "trainer.validate_every=2",
+            "trainer.save_every=2",
+            "trainer.device=cpu",
+            "rigidformer.scenes.train_scenes=16",
+            "rigidformer.scenes.val_scenes=4",
+            "rigidformer.scenes.steps=10",
+            "rigidformer.model.width=16",
+            "rigidformer.model.heads=2",
+            "rigidformer.model.layers=1",
+            "rigidformer.model.ff=32",
+        ],
+    )
+    final, stopped = check.final("resumed"), check.final("stopped")
+    assert final["step"] == 4 and stopped["step"] == 2
+    run = final["run"]
+    assert run["recipe"]["plugin"] == "rigidformer" and run["world_size"] == 1
+    assert [(p["name"], p["object"], p["role"]) for p in run["source"]["plugins"]] == [
+        ("rigidformer", "slhub_rigidformer.plugin:RigidFormerPlugin", "model")
+    ]
+    # Updates 3 and 4 log the same losses and validation in both runs.
+    later = _metrics(check.uninterrupted, after=2)
+    assert later == _metrics(check.resumed, after=2)
+    assert [m["step"] for m in later if "validation/mse" in m] == [4]
+    # The weights are the plugin's model for the recorded section, and validating them
+    # gives what the run logged at update 4.
+    section = RigidFormerSection.model_validate(run["recipe"]["rigidformer"])
+    plugin, trainer = RigidFormerPlugin(), make_trainer(section)
+    model = trainer.build(plugin)
+    model.load_state_dict(final["model"])
+    with torch.no_grad():
+        (metrics,) = hooks_of(plugin).validate(trainer=trainer, model=model.eval(), step=4)
+    logged = next(m for m in later if "validation/mse" in m)
+    assert set(logged) == {"step", *(f"validation/{k}" for k in metrics)}
+    for key, value in metrics.items():
+        assert value == pytest.approx(logged[f"validation/{key}"], rel=1e-6, abs=1e-12), key

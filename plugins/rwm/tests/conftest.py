@@ -1,24 +1,29 @@
-"""A stand-in for slhub's trainer: just the attributes the plugin's hooks read."""
+"""Fixtures of the rwm tests: slhub's stand-in trainer and the repository root."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+from pathlib import Path
 
 import pytest
-import torch
+from slhub.testing import StandInTrainer
 
+from slhub_rwm.plugin import SECTION, RwmPlugin
 
-def fake_trainer(section, batch_size: int = 8, seed: int = 0):
-    return SimpleNamespace(
-        config=SimpleNamespace(batch_size=batch_size, seed=seed, lr=1e-3),
-        section=lambda name: section,
-        device=torch.device("cpu"),
-        rank=0,
-        world_size=1,
-        is_main=True,
-    )
+#: The slhub repository this package lives in: its examples/ and the recipes' cwd.
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture
 def make_trainer():
-    return fake_trainer
+    """``make_trainer(section, batch_size=8, seed=0)``: what the plugin's hooks receive as
+    ``trainer`` (:class:`slhub.testing.StandInTrainer`), holding ``section`` as ``rwm``."""
+
+    def make(section, batch_size: int = 8, seed: int = 0) -> StandInTrainer:
+        return StandInTrainer(RwmPlugin(), {SECTION: section}, batch_size=batch_size, seed=seed)
+
+    return make
+
+
+@pytest.fixture
+def repo() -> Path:
+    return REPO

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 from pydantic import ValidationError
 from slhub import LossResult
 from slhub.data import CartpoleData, cartpole_step, generate_trajectories
+from slhub.testing import check_resume_exact, hooks_of
 
 from slhub_rwm.data import Windows
 from slhub_rwm.model import WorldModel
@@ -31,8 +35,7 @@ def section(tmp_path):
 
 def _built(section, make_trainer, batch_size=8):
     plugin, trainer = RwmPlugin(), make_trainer(section, batch_size)
-    torch.manual_seed(0)
-    return plugin, trainer, plugin.build_model(trainer=trainer)
+    return plugin, trainer, trainer.build(plugin)  # torch seeded as the loop seeds it
 
 
 def _follows_dynamics(states: np.ndarray, actions: np.ndarray) -> np.ndarray:
@@ -71,8 +74,9 @@ def test_window_longer_than_an_episode_is_refused(tmp_path):
 
 def test_sample_is_a_function_of_the_generator(section, make_trainer):
     plugin, trainer, _ = _built(section, make_trainer, batch_size=5)
-    a = plugin.sample(trainer=trainer, generator=torch.Generator().manual_seed(7))
-    b = plugin.sample(trainer=trainer, generator=torch.Generator().manual_seed(7))
+    hooks = hooks_of(plugin)  # called as the loop calls it, at two different updates
+    a = hooks.sample(trainer=trainer, generator=torch.Generator().manual_seed(7), step=1)
+    b = hooks.sample(trainer=trainer, generator=torch.Generator().manual_seed(7), step=2)
     assert a["states"].shape == (5, 7, 4) and a["actions"].shape == (5, 6, 1)
     assert a["states"].dtype == torch.float32
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -142,3 +146,61 @@ def test_float64_precision(section, make_trainer):
     assert batch["states"].dtype == torch.float64
     assert all(p.dtype == torch.float64 for p in model.parameters())
     assert plugin.objective(trainer=trainer, model=model, batch=batch).loss.dtype == torch.float64
+
+
+# ------------------------------------------------------------------ the example recipe
+
+
+def _metrics(folder: Path, after: int) -> list[dict]:
+    """The run's metrics.jsonl records of updates after ``after``."""
+    lines = (folder / "metrics.jsonl").read_text().splitlines()
+    return [m for m in map(json.loads, lines) if m["step"] > after]
+
+
+def test_example_recipe_resumes_bit_exactly(tmp_path, repo, make_trainer):
+    """examples/rwm/cartpole.yaml, made tiny, stopped after update 2 and resumed on one
+    process, ends bit for bit where the uninterrupted run ends (model, optimizer, every
+    rank's state); the checkpoint is this package's model and logs its validation."""
+    check = check_resume_exact(
+        repo / "examples/rwm/cartpole.yaml",
+        stop_at=2,
+        workdir=tmp_path,
+        workers=1,
+        cwd=repo,
+        overrides=[
+            "trainer.steps=4",
+            "trainer.batch_size=8",
+            "trainer.validate_every=2",
+            "trainer.save_every=2",
+            "trainer.device=cpu",
+            "rwm.history=4",
+            "rwm.hidden=16",
+            f"rwm.data.cache_dir={tmp_path / 'cache'}",
+            "rwm.data.train_trajectories=4",
+            "rwm.data.val_trajectories=2",
+            "rwm.data.length=12",
+        ],
+    )
+    final, stopped = check.final("resumed"), check.final("stopped")
+    assert final["step"] == 4 and stopped["step"] == 2
+    run = final["run"]
+    assert run["recipe"]["plugin"] == "rwm" and run["world_size"] == 1
+    assert [(p["name"], p["object"], p["role"]) for p in run["source"]["plugins"]] == [
+        ("rwm", "slhub_rwm.plugin:RwmPlugin", "model")
+    ]
+    # Updates 3 and 4 log the same losses and validation in both runs.
+    later = _metrics(check.uninterrupted, after=2)
+    assert later == _metrics(check.resumed, after=2)
+    assert [m["step"] for m in later if "validation/mse" in m] == [4]
+    # The weights are the plugin's model for the recorded section, and validating them
+    # gives what the run logged at update 4.
+    section = RwmSection.model_validate(run["recipe"]["rwm"])
+    plugin, trainer = RwmPlugin(), make_trainer(section)
+    model = trainer.build(plugin)
+    model.load_state_dict(final["model"])
+    with torch.no_grad():
+        (metrics,) = hooks_of(plugin).validate(trainer=trainer, model=model.eval(), step=4)
+    logged = next(m for m in later if "validation/mse" in m)
+    assert set(logged) == {"step", *(f"validation/{k}" for k in metrics)}
+    for key, value in metrics.items():
+        assert value == pytest.approx(logged[f"validation/{key}"], rel=1e-6, abs=1e-12), key

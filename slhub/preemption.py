@@ -1,0 +1,94 @@
+"""Preemption: a stop signal becomes an agreed, checkpointed stop at an update boundary.
+
+SLURM, Kubernetes and spot instances send SIGTERM (or a configured signal such
+as SIGUSR1) some seconds before they kill a job. The handler only records the
+request; the loop carries it in the per-update agreement it already makes, so
+every rank learns it at the same update without an extra collective. Every
+rank then finishes that update, the run writes ``step_N.pt`` and ``last.pt``,
+and every rank exits with :data:`EXIT_PREEMPTED`. A second signal exits at
+once with ``128 + signal`` (no checkpoint).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from types import FrameType
+from typing import Any
+
+from slhub.errors import SlhubError
+
+#: Exit status of a preempted run: "temporary failure, try again" (sysexits.h EX_TEMPFAIL).
+EXIT_PREEMPTED = 75
+
+
+class Preempted(SlhubError):
+    """Raised on every rank after the checkpoint of a preempted run is written."""
+
+    exit_code = EXIT_PREEMPTED
+
+    def __init__(self, message: str, *, step: int) -> None:
+        super().__init__(message)
+        self.step = step
+
+
+class StopSignals:
+    """Installs stop handlers for the life of a run (main thread only) and remembers the first.
+
+    Use as a context manager; the previous handlers come back on exit.
+    """
+
+    def __init__(self, names: list[str] | tuple[str, ...]) -> None:
+        self.signals = [getattr(signal, name) for name in names]
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.received is not None
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.received).name if self.received is not None else ""
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.received is not None:
+            sys.stderr.write(
+                f"slhub: error: second {signal.Signals(signum).name}: exiting now, "
+                "without a checkpoint of the current update\n"
+            )
+            sys.stderr.flush()
+            os._exit(128 + signum)
+        self.received = signum
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for signum in self.signals:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()
+
+
+def stop_with_parent() -> None:
+    """Ask Linux to send this worker SIGTERM when its parent (the torchrun agent) dies.
+
+    Without it, workers of a SIGKILLed agent train on and keep writing while a
+    requeued job starts; with it they stop at the next update with a checkpoint.
+    A no-op where ``prctl`` is unavailable.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        return

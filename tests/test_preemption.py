@@ -1,0 +1,231 @@
+"""Preemption and requeue: a stop signal at a random moment loses no committed update,
+a kill -9 leaves nothing that blocks ``--resume auto``, and the requeued command (the
+original one plus ``--resume auto``) finishes bit-identical to the run never
+interrupted, with the same effective metrics.
+
+The SIGKILL matrix runs a few trials here; ``SLHUB_KILL_TRIALS=N`` runs N (slow).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import (
+    REPO,
+    free_port,
+    load,
+    metrics_of,
+    one_line_error,
+    run_cli,
+    subprocess_env,
+    write_recipe,
+)
+from slhub.preemption import EXIT_PREEMPTED
+from slhub.testing import STATE_KEYS, assert_tree_equal
+
+STEPS = 120
+
+
+def _recipe(tmp: Path, out: Path, **changes) -> Path:
+    keys = {
+        "plugin": "slhub_testplugins:Slow",
+        "trainer__steps": STEPS,
+        "trainer__validate_every": 20,
+        "trainer__save_every": 25,
+        "trainer__output_dir": str(out),
+        **changes,
+    }
+    return write_recipe(tmp / f"{out.name}.yaml", **keys)
+
+
+def _start(recipe: Path, *extra: str, workers: int = 1, port: int | None = None, env=None):
+    """Start the run's processes: one, or ``workers`` ranks with torchrun's environment."""
+    procs = []
+    port = port or free_port()
+    for rank in range(workers):
+        worker_env = subprocess_env(env)
+        if workers > 1:
+            worker_env.update(
+                RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(workers),
+                LOCAL_WORLD_SIZE=str(workers), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+            )  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "slhub", "train", "--config", str(recipe), *extra],
+                cwd=REPO,
+                env=worker_env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )  # fmt: skip
+        )
+    return procs
+
+
+def _finish(procs, timeout: float = 120) -> list[tuple[int, str]]:
+    out = []
+    for proc in procs:
+        try:
+            _, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for other in procs:
+                other.kill()
+            raise
+        out.append((proc.returncode, err))
+    return out
+
+
+def _wait_for_update(folder: Path, step: int, procs, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    path = folder / "metrics.jsonl"
+    while time.monotonic() < deadline:
+        if path.exists() and f'"step": {step},' in path.read_text():
+            return
+        if any(p.poll() is not None for p in procs):
+            raise AssertionError(f"run ended before update {step}: {_finish(procs)}")
+        time.sleep(0.01)
+    raise AssertionError(f"update {step} not reached in {timeout} s")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """Uninterrupted runs (one process and two workers) of the recipe every test interrupts."""
+    tmp = tmp_path_factory.mktemp("reference")
+    runs = {}
+    for workers in (1, 2):
+        out = tmp / f"w{workers}"
+        results = _finish(_start(_recipe(tmp, out), workers=workers, env={"SLHUB_SLOW_S": "0"}))
+        assert [rc for rc, _ in results] == [0] * workers, results[0][1][-2000:]
+        runs[workers] = out
+    return runs
+
+
+def _assert_same_as_reference(run: Path, reference: Path) -> None:
+    expected, actual = load(reference / "last.pt"), load(run / "last.pt")
+    for key in STATE_KEYS:
+        assert_tree_equal(expected[key], actual[key], key)
+    assert metrics_of(run) == metrics_of(reference)
+    assert not [p.name for p in run.iterdir() if ".tmp-" in p.name]
+
+
+@pytest.mark.parametrize(("workers", "signalled"), [(1, 0), (2, 1), (2, 0)])
+def test_stop_signal_checkpoints_the_update_and_resume_auto_is_exact(
+    tmp_path: Path, reference, workers: int, signalled: int
+):
+    out = tmp_path / "run"
+    recipe = _recipe(tmp_path, out)
+    procs = _start(recipe, "--resume", "auto", workers=workers)  # the requeue-ready command
+    _wait_for_update(out, random.randint(3, STEPS // 2), procs)
+    sent = time.monotonic()
+    procs[signalled].send_signal(random.choice([signal.SIGTERM, signal.SIGUSR1]))
+    results = _finish(procs)
+    assert time.monotonic() - sent < 30
+    codes = [rc for rc, _ in results]
+    assert codes == [EXIT_PREEMPTED] * workers, results[0][1][-2000:]
+    lines = [line for line in results[0][1].splitlines() if line.startswith("slhub:")]
+    assert len(lines) == 1 and "--resume auto" in lines[0], results[0][1][-2000:]
+    stopped = load(out / "last.pt")
+    step = stopped["step"]
+    assert f"at update {step}:" in lines[0]
+    assert load(out / f"step_{step}.pt")["step"] == step
+    assert max(m["step"] for m in metrics_of(out)) == step  # no update after the agreed stop
+
+    again = _finish(_start(recipe, "--resume", "auto", workers=workers))
+    assert [rc for rc, _ in again] == [0] * workers, again[0][1][-2000:]
+    _assert_same_as_reference(out, reference[workers])
+
+
+def test_second_signal_exits_at_once(tmp_path: Path):
+    out = tmp_path / "run"
+    procs = _start(_recipe(tmp_path, out), env={"SLHUB_SLOW_S": "0.05"})
+    _wait_for_update(out, 3, procs)
+    procs[0].send_signal(signal.SIGTERM)
+    procs[0].send_signal(signal.SIGTERM)
+    (rc, err), = _finish(procs)  # fmt: skip
+    assert rc in (EXIT_PREEMPTED, 128 + signal.SIGTERM), err[-2000:]
+    if rc == 128 + signal.SIGTERM:
+        assert "second SIGTERM: exiting now" in err
+
+
+def test_sigterm_to_the_torchrun_agent_checkpoints_every_worker(tmp_path: Path, reference):
+    out = tmp_path / "run"
+    recipe = _recipe(tmp_path, out)
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+         "--nproc-per-node=2", "-m", "slhub", "train", "--config", str(recipe),
+         "--resume", "auto"],
+        cwd=REPO, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    _wait_for_update(out, random.randint(3, STEPS // 2), [agent])
+    agent.send_signal(signal.SIGTERM)
+    _, err = agent.communicate(timeout=120)
+    assert agent.returncode != 0
+    assert "preempted by a stop signal at update" in err, err[-3000:]
+    step = load(out / "last.pt")["step"]
+    assert max(m["step"] for m in metrics_of(out)) == step
+    again = _finish(_start(recipe, "--resume", "auto", workers=2))
+    assert [rc for rc, _ in again] == [0, 0], again[0][1][-2000:]
+    _assert_same_as_reference(out, reference[2])
+
+
+def test_sigkill_at_random_moments_resumes_exactly(tmp_path: Path, reference):
+    """kill -9 (no chance to clean up), at random moments; then the requeued command."""
+    trials = int(os.environ.get("SLHUB_KILL_TRIALS", "3"))
+    rng = random.Random(os.environ.get("SLHUB_KILL_SEED"))
+    for trial in range(trials):
+        out = tmp_path / f"run{trial}"
+        recipe = _recipe(tmp_path, out, trainer__save_every=5)
+        procs = _start(recipe, "--resume", "auto", env={"SLHUB_SLOW_S": "0.002"})
+        _wait_for_update(out, rng.randint(1, STEPS - 10), procs)
+        time.sleep(rng.random() * 0.05)
+        procs[0].kill()
+        _finish(procs)
+        if (out / "last.pt").exists():
+            assert load(out / "last.pt")["step"] % 5 == 0  # loads: never torn
+        again = _finish(_start(recipe, "--resume", "auto", env={"SLHUB_SLOW_S": "0"}))
+        assert again[0][0] == 0, again[0][1][-2000:]
+        _assert_same_as_reference(out, reference[1])  # save cadence changes no state
+
+
+def test_two_writers_on_one_directory_exactly_one_proceeds(tmp_path: Path, reference):
+    out = tmp_path / "run"
+    recipe = _recipe(tmp_path, out)
+    gate = tmp_path / "gate"
+    first = _start(recipe, env={"SLHUB_GATE": str(gate)})  # holds at update 3 until the gate
+    _wait_for_update(out, 2, first)
+    fresh = run_cli("train", "--config", str(recipe))
+    line = one_line_error(fresh)
+    assert "another slhub run writes into this directory" in line
+    assert f"pid {first[0].pid} on host" in line
+    in_place = run_cli("train", "--config", str(recipe), "--resume", "auto")
+    assert f"pid {first[0].pid} on host" in one_line_error(in_place)
+    gate.touch()
+    (rc, err), = _finish(first)  # fmt: skip
+    assert rc == 0, err[-2000:]
+    _assert_same_as_reference(out, reference[1])  # the refused writers changed nothing
+
+
+def test_torn_metrics_line_is_fenced_and_resume_in_place_after_a_crash(tmp_path: Path, reference):
+    out = tmp_path / "run"
+    recipe = _recipe(tmp_path, out, trainer__steps=60)
+    assert run_cli("train", "--config", str(recipe), env={"SLHUB_SLOW_S": "0"}).returncode == 0
+    with open(out / "metrics.jsonl", "a") as handle:  # updates 61.. of a crashed longer run
+        handle.write('{"step": 61, "train/loss": 1.0}\n{"step": 62, "train/lo')
+    (out / ".last.pt.tmp-4242").write_bytes(b"half a checkpoint")  # left by a kill -9
+    for _ in range(2):  # a second in-place resume must work as well as the first
+        proc = run_cli(
+            "train", "--config", str(recipe), "--set", f"trainer.steps={STEPS}",
+            "--resume", "auto", env={"SLHUB_SLOW_S": "0"},
+        )  # fmt: skip
+        assert proc.returncode == 0 or "nothing to train" in proc.stderr, proc.stderr[-2000:]
+    _assert_same_as_reference(out, reference[1])
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert '{"step": 62, "train/lo' in lines  # nothing written is rewritten or deleted
