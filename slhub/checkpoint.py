@@ -379,8 +379,32 @@ def describe(path: str | Path) -> str:
         f"plugin:     {_describe(plugins[0] if plugins else None)}",
     ]
     lines += [f"plugins:    {_describe(extra)}" for extra in plugins[1:]]
+    recipe = run.get("recipe") if isinstance(run.get("recipe"), dict) else {}
     lines += [
         f"ranks:      {len(ranks)} entries holding {', '.join(keys) or 'nothing'}",
-        f"scheduler:  {'yes' if ckpt['scheduler'] is not None else 'none'}",
+        f"optim:      {_section(recipe.get('optim'))}{_lr(ckpt['optimizer'])}",
+        f"schedule:   {_section(recipe.get('schedule'))}{_schedule_state(ckpt['scheduler'])}",
     ]
     return "\n".join(lines)
+
+
+def _section(section: Any) -> str:
+    """``name key=value ...`` of a recorded recipe section (None values left out)."""
+    if not isinstance(section, dict):
+        return "not recorded"
+    rest = " ".join(f"{k}={v}" for k, v in section.items() if k != "name" and v is not None)
+    return f"{section.get('name', '?')} {rest}".strip()
+
+
+def _lr(optimizer: dict[str, Any]) -> str:
+    groups = optimizer.get("param_groups")
+    if isinstance(groups, list) and groups and isinstance(groups[0], dict) and "lr" in groups[0]:
+        return f"; lr for the next update {groups[0]['lr']:.4g}"
+    return ""
+
+
+def _schedule_state(scheduler: Any) -> str:
+    schedule = scheduler.get("schedule") if isinstance(scheduler, dict) else None
+    if isinstance(schedule, dict) and "last_epoch" in schedule:
+        return f"; stepped {schedule['last_epoch']} times"
+    return "; no schedule state"

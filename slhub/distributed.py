@@ -181,9 +181,17 @@ def agree(
 
 
 def raise_agreed_failure(agreement: Agreement, local_error: BaseException | None) -> None:
-    """Raise the same :class:`RankFailure` on every rank, naming origin rank and phase."""
-    origin, phase = agreement.failures[0]
-    others = "".join(f"; rank {r} also failed ({p})" for r, p in agreement.failures[1:])
+    """Raise the same :class:`RankFailure` on every rank, naming origin rank and phase.
+
+    A rank that failed itself names its own failure first (with its cause), so a
+    bad input every rank refuses is reported with that cause on every rank.
+    """
+    failures = list(agreement.failures)
+    own = [f for f in failures if f[0] == rank()]
+    if own and local_error is not None:
+        failures = own + [f for f in failures if f[0] != rank()]
+    origin, phase = failures[0]
+    others = "".join(f"; rank {r} also failed ({p})" for r, p in failures[1:])
     if origin == rank() and local_error is not None:
         detail = " ".join(str(local_error).split()) or local_error.__class__.__name__
         if not isinstance(local_error, SlhubError):

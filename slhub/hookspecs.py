@@ -11,7 +11,7 @@ one model plugin (``plugin:``). Lifecycle, on every rank unless stated
 (the step protocol itself is the docstring of :mod:`slhub.trainer`):
 
 1. Configuration: :func:`recipe_sections` (which recipe sections a plugin owns).
-2. Construction: :func:`build_model`.
+2. Construction: :func:`build_model`, :func:`configure_optimizers`.
 3. Resume: :func:`restore` (once, before the first update).
 4. Every update: :func:`sample` -> :func:`objective` -> :func:`scale_loss`
    -> optimizer step -> :func:`on_commit`.
@@ -90,6 +90,8 @@ class Trainer(Protocol):
     model: nn.Module
     #: The optimizer stepping ``model``'s parameters (read its ``param_groups`` for the lr).
     optimizer: torch.optim.Optimizer
+    #: The learning-rate schedule stepped after every update, or None.
+    scheduler: Any
     #: This rank's sampler generator, owned and checkpointed by the loop.
     generator: torch.Generator
 
@@ -151,6 +153,25 @@ def build_model(trainer: Trainer) -> nn.Module:
 
     :param trainer: this rank's :class:`Trainer`.
     :returns: the model as an ``nn.Module``.
+    """
+
+
+@hookspec(firstresult=True)
+def configure_optimizers(trainer: Trainer, model: nn.Module) -> Any:
+    """Build the optimizer (and learning-rate schedule) that steps ``model``, once per rank.
+
+    Called on every rank after :func:`build_model`, with the model on its
+    device. The built-in ``optimization`` plugin (``trylast``) builds them from
+    the recipe's ``optim`` and ``schedule`` sections and ``trainer.lr``;
+    implement this hook for parameter groups or an optimizer of your own. The
+    loop steps the schedule once after every update, checkpoints both and
+    restores both on resume.
+    Stops at the first non-None result.
+
+    :param trainer: this rank's :class:`Trainer`.
+    :param model: the model :func:`build_model` returned, on ``trainer.device``.
+    :returns: a ``torch.optim.Optimizer``, or ``(optimizer, scheduler)`` where the
+        scheduler has ``step()`` and ``state_dict()`` (or is None).
     """
 
 

@@ -43,6 +43,9 @@ class StopSignals:
     def __init__(self, names: list[str] | tuple[str, ...]) -> None:
         self.signals = [getattr(signal, name) for name in names]
         self.received: int | None = None
+        #: Set once the stop is checkpointed: a later signal (torchrun tearing down the
+        #: other workers) must not cut the orderly exit short.
+        self.done = False
         self._previous: dict[int, Any] = {}
 
     @property
@@ -54,6 +57,8 @@ class StopSignals:
         return signal.Signals(self.received).name if self.received is not None else ""
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.done:
+            return
         if self.received is not None:
             sys.stderr.write(
                 f"slhub: error: second {signal.Signals(signum).name}: exiting now, "

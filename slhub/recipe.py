@@ -55,6 +55,12 @@ class TrainerConfig(BaseModel):
     output_dir: str = Field(min_length=1)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     timeout_s: float = Field(default=600.0, gt=0)
+    #: Clip the global norm of the reduced gradient to this before every optimizer step.
+    grad_clip_norm: float | None = Field(default=None, gt=0)
+    #: Micro-batches per rank and update (gradient accumulation).
+    accumulate: int = Field(default=1, ge=1, le=MAX_COUNT)
+    #: Autocast of the objective: fp32 (none), bf16-mixed, or fp16-mixed (CUDA, scaled).
+    precision: Literal["fp32", "bf16-mixed", "fp16-mixed"] = "fp32"
     #: Signals that stop the run after the current update, with a checkpoint (preemption).
     stop_signals: list[Literal["SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP"]] = Field(
         default_factory=lambda: ["SIGTERM", "SIGUSR1"]

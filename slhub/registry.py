@@ -35,6 +35,7 @@ GROUP = "slhub"
 #: Built-in policy plugins, always registered (``trylast`` defaults a model package may override).
 BUILTINS: tuple[str, ...] = (
     "slhub.builtin.ddp_weighting",
+    "slhub.builtin.optimization",
     "slhub.builtin.rank0_validation",
     "slhub.builtin.recovery",
 )

@@ -7,17 +7,20 @@
   any subset of the documented parameters per implementation).
 - :func:`sampler_generator` is the generator a rank samples with, to rebuild a
   real run's batches in an oracle.
-- :func:`check_resume_exact` runs a recipe uninterrupted, and again stopped at
-  update k and resumed, in fresh processes (one, or N Gloo workers under
-  torchrun), and compares the two final checkpoints bit for bit: model,
-  optimizer, schedule and every rank's state.
+- :func:`check_resume_exact` runs a recipe uninterrupted, and again preempted
+  at update k (by the extra plugin :class:`StopAt`) and resumed, in fresh
+  processes (one, or N Gloo workers under torchrun), and compares the two
+  final checkpoints bit for bit: model, optimizer, schedule and every rank's
+  state.
 - :func:`assert_tree_equal` is the exact comparison it uses (``torch.equal``
   for tensors).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -32,11 +35,14 @@ from torch import nn
 
 from slhub import hookspecs, rng
 from slhub.errors import PluginError
-from slhub.recipe import TrainerConfig
+from slhub.hookspecs import hookimpl
+from slhub.preemption import EXIT_PREEMPTED, Preempted
+from slhub.recipe import TrainerConfig, as_recipe
 
 __all__ = [
     "ResumeCheck",
     "StandInTrainer",
+    "StopAt",
     "assert_tree_equal",
     "check_resume_exact",
     "hooks_of",
@@ -70,9 +76,11 @@ class StandInTrainer:
         validated with the models its ``recipe_sections`` hook declares, and
         sections it declares but ``sections`` omits get their defaults.
     :param sections: section name -> validated pydantic model or raw mapping.
-    :param trainer: ``trainer:`` keys (``batch_size``, ``seed``, ``lr``...);
-        ``steps=1``, ``batch_size=8``, ``lr=1e-3`` and ``output_dir`` are
-        filled in when absent.
+    :param device: the device; default ``trainer.device`` when given (``auto``:
+        CUDA when visible, else CPU), else CPU.
+    :param trainer: ``trainer:`` keys (``batch_size``, ``seed``, ``lr``,
+        ``output_dir``...); ``steps=1``, ``batch_size=8``, ``lr=1e-3`` and
+        ``output_dir`` are filled in when absent.
 
     ``save()`` records the names it was asked for in :attr:`saved` and writes
     nothing.
@@ -83,16 +91,18 @@ class StandInTrainer:
         plugin: Any = None,
         sections: Mapping[str, Any] | None = None,
         *,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         rank: int = 0,
         world_size: int = 1,
         step: int = 0,
-        output_dir: str | Path = "outputs/stand-in",
         **trainer: Any,
     ) -> None:
-        keys = {"steps": 1, "batch_size": 8, "lr": 1e-3, "output_dir": str(output_dir)}
+        keys = {"steps": 1, "batch_size": 8, "lr": 1e-3, "output_dir": "outputs/stand-in"}
         self.config = TrainerConfig.model_validate({**keys, **trainer})
-        self.device = torch.device(device)
+        choice = device if device is not None else trainer.get("device", "cpu")
+        if isinstance(choice, str) and choice == "auto":
+            choice = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(choice)
         self.rank = rank
         self.world_size = world_size
         self.step = step
@@ -193,22 +203,72 @@ def _command(workers: int) -> list[str]:
     ]  # fmt: skip
 
 
+#: The environment variable :class:`StopAt` reads: the update to stop the run at.
+STOP_AT_ENV = "SLHUB_TESTING_STOP_AT"
+
+
+class StopAt:
+    """An extra plugin (``slhub.testing:StopAt``) that preempts a run at update k.
+
+    After update ``k - 1`` commits, rank 0 sends its own process SIGUSR1 (one of
+    the default ``trainer.stop_signals``), so the run stops exactly as a
+    preempted job does: every rank finishes update k, ``step_k.pt`` is written
+    and the run exits with status 75. ``k`` comes from the environment variable
+    ``SLHUB_TESTING_STOP_AT`` (unset: the plugin does nothing), so the stopped
+    and the resumed run have the same recipe and plugin set. ``k`` must be >= 2.
+    """
+
+    @hookimpl
+    def on_commit(self, trainer: Any, step: int) -> None:
+        target = int(os.environ.get(STOP_AT_ENV, "0") or 0)
+        if target and trainer.rank == 0 and step == target - 1:
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+
 def _train(
     recipe: Path,
     sets: Sequence[str],
-    workers: int,
-    cwd: Path,
-    env: dict,
-    timeout: float,
+    workers: int = 1,
+    cwd: Path | None = None,
+    env: dict | None = None,
+    timeout: float = 300.0,
     resume: Path | None = None,
+    in_process: bool = False,
+    stop_at: int = 0,
 ) -> None:
+    """One run; with ``stop_at`` it must end preempted at that update."""
+    expected = EXIT_PREEMPTED if stop_at else 0
+    if in_process:
+        from slhub.run import train
+
+        previous = os.environ.get(STOP_AT_ENV)
+        os.environ[STOP_AT_ENV] = str(stop_at or "")
+        try:
+            train(recipe, list(sets), resume=resume)
+        except Preempted as exc:
+            if not stop_at or exc.step != stop_at:
+                raise
+            return
+        finally:
+            if previous is None:
+                os.environ.pop(STOP_AT_ENV, None)
+            else:
+                os.environ[STOP_AT_ENV] = previous
+        if stop_at:
+            raise AssertionError(f"the run was not preempted at update {stop_at}")
+        return
+    env = {**(env or os.environ), STOP_AT_ENV: str(stop_at or "")}
     args = [*_command(workers), "train", "--config", str(recipe)]
     for item in sets:
         args += ["--set", item]
     if resume is not None:
         args += ["--resume", str(resume)]
     proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
+    if stop_at and workers > 1:  # torchrun reports its workers' 75 as its own failure
+        ok = proc.returncode != 0 and f"stop signal at update {stop_at}:" in proc.stderr
+    else:
+        ok = proc.returncode == expected
+    if not ok:
         raise AssertionError(f"{' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
 
 
@@ -223,23 +283,29 @@ def check_resume_exact(
     cwd: str | Path | None = None,
     env: Mapping[str, str] | None = None,
     timeout: float = 300.0,
+    in_process: bool = False,
 ) -> ResumeCheck:
     """Train ``recipe`` uninterrupted and stopped-at-``stop_at``-then-resumed; compare.
 
-    Both runs go to ``trainer.steps`` of the recipe (after ``overrides``). The
-    stopped run trains to update ``stop_at`` and is resumed from its
-    ``step_{stop_at}.pt`` into a fresh directory (or, with ``in_place``, into
-    its own). Each run starts fresh processes: ``python -m slhub`` for one
-    worker, ``torchrun --standalone --nproc-per-node=workers`` otherwise, with
-    ``OMP_NUM_THREADS=1`` and ``cwd`` (default: the current directory) on
-    ``PYTHONPATH``.
+    Both runs go to ``trainer.steps`` of the recipe (after ``overrides``); the
+    recipe is not changed to stop early, so a schedule over ``trainer.steps``
+    is the same in both. The stopped run adds the extra plugin :class:`StopAt`,
+    is preempted at update ``stop_at`` (>= 2) as a real job would be, and is
+    resumed from its ``step_{stop_at}.pt`` into a fresh directory (or, with
+    ``in_place``, into its own) with the same plugins. Each run starts fresh
+    processes: ``python -m slhub`` for one worker, ``torchrun --standalone
+    --nproc-per-node=workers`` otherwise, with ``OMP_NUM_THREADS=1`` and
+    ``cwd`` (default: the current directory) on ``PYTHONPATH``. With
+    ``in_process`` (one worker only) the three runs call
+    :func:`slhub.train` in this process instead: much faster, and exact as
+    well, since every run seeds and restores every random stream itself.
 
     :raises AssertionError: a run failed, or the final checkpoints differ in
         step, model, optimizer, scheduler or any rank's state (the message
         names the first differing path).
     """
-    workdir = Path(workdir)
-    cwd = Path(cwd or os.getcwd())
+    workdir = Path(workdir).absolute()
+    cwd = Path(cwd or os.getcwd()).absolute()
     run_env = dict(os.environ if env is None else env)
     run_env.setdefault("OMP_NUM_THREADS", "1")
     run_env["PYTHONPATH"] = os.pathsep.join(
@@ -248,13 +314,20 @@ def check_resume_exact(
     check = ResumeCheck(workdir / "uninterrupted", workdir / "stopped", workdir / "resumed")
     resumed = check.stopped if in_place else check.resumed
     check = ResumeCheck(check.uninterrupted, check.stopped, resumed)
-    base = list(overrides)
+    if stop_at < 2:
+        raise ValueError("stop_at must be >= 2 (StopAt signals after update stop_at - 1)")
     recipe = Path(recipe)
-    launch = {"workers": workers, "cwd": cwd, "env": run_env, "timeout": timeout}
+    plugins = as_recipe(recipe, list(overrides)).plugins
+    base = list(overrides)
+    stopping = [*base, f"plugins={json.dumps([*plugins, 'slhub.testing:StopAt'])}"]
+    launch: dict[str, Any] = {"workers": workers, "cwd": cwd, "env": run_env, "timeout": timeout}
+    if in_process:
+        if workers != 1:
+            raise ValueError("in_process runs one worker only")
+        launch = {"in_process": True}
     _train(recipe, [*base, f"trainer.output_dir={check.uninterrupted}"], **launch)
-    _train(recipe, [*base, f"trainer.output_dir={check.stopped}", f"trainer.steps={stop_at}"],
-           **launch)  # fmt: skip
-    _train(recipe, [*base, f"trainer.output_dir={resumed}"], **launch,
+    _train(recipe, [*stopping, f"trainer.output_dir={check.stopped}"], **launch, stop_at=stop_at)
+    _train(recipe, [*stopping, f"trainer.output_dir={resumed}"], **launch,
            resume=check.stopped / f"step_{stop_at}.pt")  # fmt: skip
     expected, actual = check.final("uninterrupted"), check.final("resumed")
     for key in STATE_KEYS:

@@ -28,6 +28,7 @@ hooks receive as ``trainer``: it implements :class:`slhub.hookspecs.Trainer`.
 from __future__ import annotations
 
 import warnings
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from slhub import checkpoint, distributed, log, rng
 from slhub.artifacts import MetricsLog
 from slhub.errors import CheckpointError, PluginError, SlhubError
 from slhub.hookspecs import LossResult
+from slhub.optim import MixedPrecision
 from slhub.preemption import Preempted, StopSignals
 from slhub.recipe import Recipe
 from slhub.registry import Plugins
@@ -104,12 +106,25 @@ class Loop:
             )
         self.model: nn.Module = model.to(device)
         self.model.train()
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.config.lr)
+        self.precision = MixedPrecision(self.config.precision, device)
+        self.optimizer, self.scheduler = self._configure_optimizers()
         self.generator = torch.Generator().manual_seed(sampler_seed(self.config.seed, self.rank))
         rng.seed_everything(rng.derived_seed(self.config.seed, self.rank, "process"))
         self._objective = _Objective(self.model, self)
         self._ddp: DistributedDataParallel | None = None
         self._buckets_rebuilt = False
+
+    def _configure_optimizers(self):
+        built = self.hook.configure_optimizers(trainer=self, model=self.model)
+        optimizer, scheduler = built if isinstance(built, tuple) else (built, None)
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise PluginError(
+                f"configure_optimizers returned {type(optimizer).__name__}, expected a "
+                "torch.optim.Optimizer or (optimizer, lr scheduler or None)"
+            )
+        if scheduler is not None and not hasattr(scheduler, "state_dict"):
+            raise PluginError("configure_optimizers returned a scheduler without state_dict()")
+        return optimizer, scheduler
 
     # ------------------------------------------------------------------ access
 
@@ -135,7 +150,12 @@ class Loop:
         try:
             self.model.load_state_dict(ckpt["model"])
             self.optimizer.load_state_dict(ckpt["optimizer"])
-        except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+            saved = ckpt.get("scheduler") or {}
+            if self.scheduler is not None and saved.get("schedule") is not None:
+                self.scheduler.load_state_dict(saved["schedule"])
+            if self.precision.scaler is not None and saved.get("scaler") is not None:
+                self.precision.scaler.load_state_dict(saved["scaler"])
+        except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:
             reason = " ".join(str(exc).split())[:300]
             raise CheckpointError(
                 f"checkpoint does not fit this recipe's model: {reason}"
@@ -182,6 +202,8 @@ class Loop:
         finally:
             self._ddp = None  # drop the wrapper before the process group goes away
         if stopped_at is not None:
+            if self.stop_signals is not None:
+                self.stop_signals.done = True
             raise Preempted(
                 f"preempted by a stop signal at update {stopped_at}: wrote step_{stopped_at}.pt "
                 f"and last.pt in {self.output_dir}",
@@ -191,54 +213,108 @@ class Loop:
     def _update(self, step: int) -> bool:
         """One update under the protocol; True when the run was asked to stop after it."""
         log.bind(step=step)
-        result, weight, loss_value, failure = self._compute(step)
+        last, weight, weighted_loss, failure = self._compute(step)
         stop = self.stop_signals is not None and self.stop_signals.requested
         agreed = distributed.agree(
-            weight, weight * loss_value, failure[0] if failure else None, self.device, stop
+            weight, weighted_loss, failure[0] if failure else None, self.device, stop
         )
         if agreed.failed:
             distributed.raise_agreed_failure(agreed, failure[1] if failure else None)
-        assert result is not None
-        self.optimizer.zero_grad(set_to_none=True)
-        if agreed.total_weight > 0 and weight > 0:
-            scaled = self.hook.scale_loss(
-                trainer=self, result=result, total_weight=agreed.total_weight
-            )
-        else:
-            scaled = self._exact_zero()
-        scaled.backward()
-        if agreed.total_weight > 0:
-            self.optimizer.step()
+        assert last is not None
+        self._backward(*last, agreed.total_weight)
+        lr = self.optimizer.param_groups[0]["lr"]  # this update's rate, before the schedule steps
+        grad_norm = self._step_optimizer(agreed.total_weight)
         self._rebuild_buckets_once()
         self.step = step
-        self._commit(step, result, agreed)
+        self._commit(step, last[0], agreed, {"train/lr": lr, "train/grad_norm": grad_norm})
         return agreed.stop
 
     def _compute(self, step: int):
-        """Sample and run the objective; a failure is returned, to be agreed on."""
+        """Sample and run the objective for each micro-batch, back-propagating all but the
+        last locally (no collective). Returns ``(last, weight, weighted loss, failure)``:
+        the last micro-batch's (result, weight), back-propagated after the agreement, and
+        this rank's sums over its micro-batches; a failure is returned, to be agreed on."""
         failure, self._held = self._held, None
-        result: LossResult | None = None
-        weight = loss_value = 0.0
+        self.optimizer.zero_grad(set_to_none=True)
         if failure is not None:
-            return result, weight, loss_value, failure
+            return None, 0.0, 0.0, failure
+        count = self.config.accumulate
+        weight_sum = loss_sum = 0.0
+        last = None
         phase = "sampling"
         try:
-            batch = self.hook.sample(trainer=self, generator=self.generator, step=step)
-            if batch is None:
-                raise PluginError("no plugin implements sample")
-            phase = "objective"
-            result = (self._ddp or self._objective)(batch, step)
-            weight = float(result.weight)
-            if not distributed.finite(weight) or weight < 0:
-                raise ValueError(f"LossResult.weight must be finite and >= 0, got {weight}")
-            if weight > 0:
-                loss_value = float(result.loss.detach())
-                if not distributed.finite(loss_value):
-                    phase = "non-finite loss"
-                    raise FloatingPointError(f"loss is {loss_value} at update {step}")
+            for micro in range(count):
+                final = micro == count - 1
+                phase = "sampling"
+                batch = self.hook.sample(trainer=self, generator=self.generator, step=step)
+                if batch is None:
+                    raise PluginError("no plugin implements sample")
+                phase = "objective"
+                with self._sync(final), self.precision.autocast():
+                    result = (self._ddp or self._objective)(batch, step)
+                weight = float(result.weight)
+                if not distributed.finite(weight) or weight < 0:
+                    raise ValueError(f"LossResult.weight must be finite and >= 0, got {weight}")
+                if weight > 0:
+                    loss_value = float(result.loss.detach())
+                    if not distributed.finite(loss_value):
+                        phase = "non-finite loss"
+                        raise FloatingPointError(f"loss is {loss_value} at update {step}")
+                    weight_sum, loss_sum = weight_sum + weight, loss_sum + weight * loss_value
+                if final:
+                    last = (result, weight)
+                else:
+                    with self._sync(False):
+                        self._backward(result, weight, None)
         except Exception as exc:  # noqa: BLE001 - every rank-local failure is agreed on
-            failure = (phase, exc)
-        return result, weight, loss_value, failure
+            return None, 0.0, 0.0, (phase, exc)
+        return last, weight_sum, loss_sum, None
+
+    def _sync(self, final: bool) -> AbstractContextManager:
+        """DDP reduces gradients only in the last micro-batch's backward."""
+        return self._ddp.no_sync() if self._ddp is not None and not final else nullcontext()
+
+    def _backward(self, result: LossResult, weight: float, total: float | None) -> None:
+        """Back-propagate one micro-batch's share of ``sum(w * L) / sum(w)``.
+
+        With one micro-batch ``total`` is the agreed total weight and ``scale_loss``
+        makes the DDP mean exact. With several, the total is unknown until every
+        micro-batch ran: each is scaled as if the total were ``world_size`` (``L * w``
+        for the built-in weighting) and :meth:`_step_optimizer` divides the reduced
+        sum by the total. A zero-weight micro-batch back-propagates an exact zero.
+        """
+        accumulating = self.config.accumulate > 1
+        share = float(self.world_size) if accumulating else total
+        if weight > 0 and (accumulating or (total or 0.0) > 0):
+            scaled = self.hook.scale_loss(trainer=self, result=result, total_weight=share)
+        else:
+            scaled = self._exact_zero()
+        if self.precision.scaler is not None:
+            scaled = self.precision.scaler.scale(scaled)
+        scaled.backward()
+
+    def _step_optimizer(self, total: float) -> float | None:
+        """Finish the gradient, clip it, step the optimizer (not on a zero-weight update)
+        and the schedule (always). Returns the gradient norm when clipping is on."""
+        grad_norm = None
+        if total > 0:
+            params = [p for p in self.model.parameters() if p.grad is not None]
+            if self.config.accumulate > 1:
+                torch._foreach_mul_([p.grad for p in params], self.world_size / total)
+            scaler = self.precision.scaler
+            if self.config.grad_clip_norm is not None:
+                if scaler is not None:
+                    scaler.unscale_(self.optimizer)
+                norm = torch.nn.utils.clip_grad_norm_(params, self.config.grad_clip_norm)
+                grad_norm = float(norm)
+            if scaler is not None:
+                scaler.step(self.optimizer)  # skipped on every rank alike when grads overflow
+                scaler.update()
+            else:
+                self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        return grad_norm
 
     def _rebuild_buckets_once(self) -> None:
         """DDP rebuilds its gradient buckets with a broadcast inside the forward after its
@@ -251,7 +327,9 @@ class Loop:
             rebuild()
         self._buckets_rebuilt = True
 
-    def _commit(self, step: int, result: LossResult, agreed: distributed.Agreement) -> None:
+    def _commit(
+        self, step: int, result: LossResult, agreed: distributed.Agreement, extra: dict
+    ) -> None:
         """on_commit and the metrics line; a failure is held for the next agreement."""
         total = agreed.total_weight
         metrics: dict[str, Any] = {
@@ -259,6 +337,7 @@ class Loop:
             "train/loss": agreed.weighted_loss_sum / total if total > 0 else None,
             "train/weight": total,
         }
+        metrics.update({k: v for k, v in extra.items() if v is not None})
         try:
             metrics.update({f"train/{k}": _scalar(v) for k, v in result.metrics.items()})
             self.hook.on_commit(trainer=self, step=step, result=result, metrics=metrics)
@@ -364,7 +443,10 @@ class Loop:
             run=self.identity,
             model=self.model.state_dict(),
             optimizer=self.optimizer.state_dict(),
-            scheduler=None,
+            scheduler={
+                "schedule": self.scheduler.state_dict() if self.scheduler is not None else None,
+                "scaler": scaler.state_dict() if (scaler := self.precision.scaler) else None,
+            },
             ranks=self._committed,
         )
         path = self.output_dir / name

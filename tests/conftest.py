@@ -117,6 +117,19 @@ def one_line_error(proc: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+def cli_error(capsys, *argv: str) -> str:
+    """``slhub ARGV`` in this process (no interpreter start-up): exit 2 and one stderr line."""
+    from slhub import cli
+
+    code = cli.main(list(argv))
+    err = capsys.readouterr().err
+    assert code == 2, (code, err[-2000:])
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("slhub: error: "), err
+    return lines[0]
+
+
 @pytest.fixture(autouse=True)
 def _single_thread(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")

@@ -339,3 +339,22 @@ class Slow(SlDdpPlugin):
         gate = os.environ.get("SLHUB_GATE")
         while gate and step == 3 and not Path(gate).exists():
             time.sleep(0.01)
+
+
+class AccumulationProbe(SlDdpPlugin):
+    """Counts micro-batches: rank 1's second micro-batch of update 2 has no valid target."""
+
+    ZERO = (1, 2, 1)  # (rank, update, micro-batch index)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.drawn: dict[int, int] = {}
+
+    @hookimpl
+    def sample(self, trainer, generator, step):
+        index = self.drawn.get(step, 0)
+        self.drawn[step] = index + 1
+        x, y, mask = super().sample(trainer, generator)
+        if (trainer.rank, step, index) == self.ZERO:
+            mask = torch.zeros_like(mask)
+        return x, y, mask

@@ -64,9 +64,9 @@ SHORT = ("trainer.steps=4", "trainer.validate_every=2", "trainer.save_every=2")
 
 
 def test_hook_recipe_sections(tmp_path: Path):
-    with pytest.raises(RecipeError, match=r"cpu\.yaml: model\.hidden: must be > 0"):
+    with pytest.raises(RecipeError, match=r"--set model\.hidden=0: model\.hidden: must be > 0"):
         _run(tmp_path, "examples.sl_ddp.plugin:SlDdpPlugin", "model.hidden=0")
-    with pytest.raises(RecipeError, match=r"cpu\.yaml: data\.size: unknown key"):
+    with pytest.raises(RecipeError, match=r"--set data\.size=3: data\.size: unknown key"):
         _run(tmp_path, "examples.sl_ddp.plugin:SlDdpPlugin", "data.size=3")
     assert not (tmp_path / "out").exists()
 

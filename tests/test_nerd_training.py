@@ -13,6 +13,7 @@ import torch
 from conftest import (
     REPO,
     assert_tree_equal,
+    cli_error,
     load,
     metrics_of,
     run_cli,
@@ -20,7 +21,6 @@ from conftest import (
     train_stopped_then_resumed,
     write_recipe,
 )
-from slhub import cli
 from slhub.builtin.nerd.plugin import NerdPlugin
 from slhub.checkpoint import to_v1
 from slhub.export import load as load_export
@@ -157,34 +157,26 @@ def test_export_command_writes_safetensors_and_manifest(runs, tmp_path):
     ]
 
 
-def _cli_error(capsys, *argv: str) -> str:
-    assert cli.main(list(argv)) == 2
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("slhub: error: "), err
-    return lines[0]
-
-
 def test_export_errors_exit_2_with_one_line(runs, tmp_path, capsys):
     foreign = tmp_path / "foreign.pt"
     torch.save({"step": 1, "model": {"w": torch.zeros(2)}, "optimizer": {}, "rng": {}}, foreign)
-    line = _cli_error(capsys, "export", "--checkpoint", str(foreign), "--out", str(tmp_path / "a"))
+    line = cli_error(capsys, "export", "--checkpoint", str(foreign), "--out", str(tmp_path / "a"))
     assert "is not a checkpoint any plugin asked can export (asked: " in line and "nerd" in line
     assert not (tmp_path / "a").exists()
 
     damaged = tmp_path / "damaged.pt"
     data = (runs["single"] / "last.pt").read_bytes()
     damaged.write_bytes(data[: len(data) // 2])
-    line = _cli_error(capsys, "export", "--checkpoint", str(damaged), "--out", str(tmp_path / "b"))
+    line = cli_error(capsys, "export", "--checkpoint", str(damaged), "--out", str(tmp_path / "b"))
     assert "damaged" in line and not (tmp_path / "b").exists()
 
     busy = tmp_path / "busy"
     busy.mkdir()
     (busy / "keep.txt").write_text("mine")
     ckpt = str(runs["single"] / "last.pt")
-    line = _cli_error(capsys, "export", "--checkpoint", ckpt, "--out", str(busy))
+    line = cli_error(capsys, "export", "--checkpoint", ckpt, "--out", str(busy))
     assert "not empty" in line
     assert [p.name for p in busy.iterdir()] == ["keep.txt"]
 
-    line = _cli_error(capsys, "export", "--checkpoint", str(tmp_path / "missing.pt"), "--out", "x")
+    line = cli_error(capsys, "export", "--checkpoint", str(tmp_path / "missing.pt"), "--out", "x")
     assert "no such checkpoint" in line

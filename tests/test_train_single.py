@@ -10,10 +10,16 @@ from pathlib import Path
 import pytest
 
 from conftest import SL_DDP, assert_tree_equal, load, metrics_of, one_line_error, run_cli
+from slhub.artifacts import LOCK_FILE
 
 
 def _digests(folder: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+    """Every file but the lock, whose holder record each attempt to write rewrites."""
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.iterdir())
+        if p.name != LOCK_FILE
+    }
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,219 @@
+"""Every bad input is one line naming the key, path or file, exit status 2, no traceback,
+and no artifact lost or damaged; a user can start over without deleting by hand."""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import (
+    REPO,
+    SL_DDP,
+    cli_error,
+    load,
+    metrics_of,
+    one_line_error,
+    run_cli,
+    subprocess_env,
+)
+from conftest import write_recipe as _write
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    """A real two-update checkpoint to damage."""
+    tmp = tmp_path_factory.mktemp("ckpt")
+    recipe = _write(tmp / "r.yaml", trainer__steps=2, trainer__output_dir=str(tmp / "o"))
+    assert run_cli("train", "--config", str(recipe)).returncode == 0
+    return tmp / "o" / "last.pt"
+
+
+def _train(tmp_path: Path, *args: str, **changes) -> subprocess.CompletedProcess:
+    recipe = _write(tmp_path / "r.yaml", trainer__output_dir=str(tmp_path / "out"), **changes)
+    return run_cli("train", "--config", str(recipe), *args)
+
+
+def _train_error(capsys, tmp_path: Path, *args: str, **changes) -> str:
+    """The one-line error of ``slhub train`` run in this process."""
+    recipe = _write(tmp_path / "r.yaml", trainer__output_dir=str(tmp_path / "out"), **changes)
+    return cli_error(capsys, "train", "--config", str(recipe), *args)
+
+
+@pytest.mark.parametrize(
+    ("args", "changes", "expected"),
+    [
+        (["--set", "trainer.seed=1e23"], {}, "--set trainer.seed=1e23: trainer.seed: must be an"),
+        (["--set", "trainer.batch_size=1e12"], {}, "trainer.batch_size: must be an integer"),
+        (["--set", "trainer.lr=-1"], {}, "--set trainer.lr=-1: trainer.lr: must be > 0"),
+        (["--set", "model.hidden=0"], {}, "--set model.hidden=0: model.hidden: must be > 0"),
+        (["--set", "modle.hidden=3"], {}, "--set modle.hidden=3: modle: unknown key"),
+        ([], {"trainer__batch_size": True}, "r.yaml: trainer.batch_size: must be an integer"),
+        ([], {"trainer__lr": float("inf")}, "r.yaml: trainer.lr: must be a finite number"),
+        ([], {"trainer__steps": 2.5}, "r.yaml: trainer.steps: must be an integer"),
+        ([], {"trainer__seed": 2**64}, "r.yaml: trainer.seed: must be <= "),
+        ([], {"trainer__stop_signals": ["SIGKILL"]}, "trainer.stop_signals.0: must be one of"),
+        (["--overwrite", "--resume", "auto"], {}, "--overwrite starts a run over"),
+    ],
+)
+def test_bad_recipe_values(capsys, tmp_path: Path, args, changes, expected):
+    line = _train_error(capsys, tmp_path, *args, **changes)
+    assert expected in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_duplicate_yaml_key(capsys, tmp_path: Path):
+    text = SL_DDP.read_text().replace("  lr: 0.001", "  lr: 0.001\n  lr: 0.1")
+    (tmp_path / "dup.yaml").write_text(text)
+    line = cli_error(capsys, "train", "--config", str(tmp_path / "dup.yaml"))
+    assert "dup.yaml" in line and "duplicate key 'lr'" in line
+
+
+@pytest.mark.parametrize("folder", ["/proc/self", "/dev/null/sub"])
+def test_unusable_output_dir_names_it(capsys, tmp_path: Path, folder: str):
+    line = _train_error(capsys, tmp_path, "--set", f"trainer.output_dir={folder}")
+    assert folder in line and "trainer.output_dir" in line
+
+
+def _damaged(tmp_path: Path, ckpt: Path, case: str) -> Path:
+    path = tmp_path / f"{case}.pt"
+    data = load(ckpt)
+    if case == "text":
+        path.write_text("step: 3\n")
+    elif case == "model_list":
+        data["model"] = [1, 2]
+        torch.save(data, path)
+    elif case == "step_string":
+        data["step"] = "2"
+        torch.save(data, path)
+    elif case == "ranks_short":
+        data["ranks"] = []
+        torch.save(data, path)
+    elif case == "pickle":
+        data["model"]["evil"] = Path("x")  # needs pickle's GLOBAL to load
+        torch.save(data, path)
+    return path
+
+
+DAMAGE = {
+    "text": "damaged or not a checkpoint (not a complete torch.save archive)",
+    "model_list": "damaged v2 checkpoint (model is not a state dict of named tensors)",
+    "step_string": "damaged v2 checkpoint (step is '2', expected an int >= 0)",
+    "ranks_short": "damaged v2 checkpoint (ranks has 0 entries for world size 1)",
+    "pickle": "needs pickle to load: it names pathlib.PosixPath; slhub loads checkpoints with "
+    "weights_only=True",
+}
+
+
+@pytest.mark.parametrize("case", list(DAMAGE))
+@pytest.mark.parametrize("command", ["inspect", "export", "resume"])
+def test_damaged_or_foreign_checkpoint(capsys, tmp_path, ckpt: Path, case: str, command: str):
+    path = _damaged(tmp_path, ckpt, case)
+    if command == "inspect":
+        line = cli_error(capsys, "inspect", str(path))
+    elif command == "export":
+        line = cli_error(capsys, "export", "--checkpoint", str(path), "--out", str(tmp_path / "e"))
+    else:
+        line = _train_error(capsys, tmp_path, "--resume", str(path))
+    assert str(path) in line and DAMAGE[case] in line
+    assert not (tmp_path / "e").exists() and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", ["inspect", "resume"])
+def test_a_directory_where_a_checkpoint_file_belongs(tmp_path: Path, ckpt: Path, command: str):
+    folder = ckpt.parent
+    proc = (
+        run_cli("inspect", str(folder))
+        if command == "inspect"
+        else _train(tmp_path, "--resume", str(folder))
+    )
+    line = one_line_error(proc)
+    assert f"{folder}: is a directory, not a checkpoint file" in line and "last.pt" in line
+
+
+def test_nothing_left_to_train_exits_2(capsys, tmp_path: Path, ckpt: Path):
+    line = _train_error(capsys, tmp_path, "--resume", str(ckpt), trainer__steps=2)
+    assert "nothing to train; raise trainer.steps" in line
+
+
+def test_metrics_write_failure_is_one_line(tmp_path: Path):
+    """A file-size limit stops metrics.jsonl mid-run: one line naming the file, exit 2."""
+    recipe = _write(
+        tmp_path / "r.yaml", trainer__steps=400, trainer__save_every=0, trainer__validate_every=0,
+        trainer__output_dir=str(tmp_path / "out"),
+    )  # fmt: skip
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (30_000, 30_000))
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "slhub", "train", "--config", str(recipe)],
+        cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=120,
+        preexec_fn=limit,
+    )  # fmt: skip
+    line = one_line_error_in(proc)
+    assert "metrics.jsonl: cannot append metrics (File too large)" in line
+
+
+def one_line_error_in(proc: subprocess.CompletedProcess) -> str:
+    """Exit 2, no traceback, exactly one ``slhub: error:`` line (log lines may precede it)."""
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("slhub: error:")]
+    assert len(lines) == 1, proc.stderr[-2000:]
+    return lines[0]
+
+
+def test_a_failed_run_can_start_over_without_deleting_by_hand(tmp_path: Path):
+    out = tmp_path / "out"
+    assert _train(tmp_path, trainer__steps=4).returncode == 0
+    proc = _train(tmp_path, trainer__steps=4)  # the same command again
+    assert "already holds run artifacts" in one_line_error(proc) and "--overwrite" in proc.stderr
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name[0] != "."}
+    again = _train(tmp_path, "--overwrite", trainer__steps=4)
+    assert again.returncode == 0, again.stderr[-2000:]
+    (aside,) = [p for p in out.iterdir() if p.name.startswith("superseded-")]
+    assert {p.name: p.read_bytes() for p in aside.iterdir()} == before  # nothing deleted
+    assert (
+        json.loads((out / "run.json").read_text())["run_id"]
+        != json.loads(before["run.json"])["run_id"]
+    )
+
+
+def test_resume_auto_starts_over_a_run_that_failed_before_its_first_checkpoint(tmp_path: Path):
+    out = tmp_path / "out"
+    env = {"SLHUB_FAULT_PHASE": "sampling", "SLHUB_FAULT_RANK": "0", "SLHUB_FAULT_STEP": "2"}
+    recipe = _write(
+        tmp_path / "r.yaml", plugin="slhub_testplugins:FaultInjector", trainer__steps=4,
+        trainer__save_every=0, trainer__output_dir=str(out),
+    )  # fmt: skip
+    failed = run_cli("train", "--config", str(recipe), "--resume", "auto", env=env)
+    assert "failed during sampling" in one_line_error_in(failed)
+    assert (out / "run.json").exists() and not (out / "last.pt").exists()
+    fixed = run_cli("train", "--config", str(recipe), "--resume", "auto")
+    assert fixed.returncode == 0, fixed.stderr[-2000:]
+    assert [m["step"] for m in metrics_of(out) if "train/loss" in m] == [1, 2, 3, 4]
+    assert len([p for p in out.iterdir() if p.name.startswith("superseded-")]) == 1
+
+
+def test_torchrun_summary_names_the_real_cause(tmp_path: Path):
+    recipe = _write(
+        tmp_path / "r.yaml", plugin="slhub_testplugins:FaultInjector", trainer__steps=4,
+        trainer__output_dir=str(tmp_path / "out"),
+    )  # fmt: skip
+    env = subprocess_env(
+        {"SLHUB_FAULT_PHASE": "sampling", "SLHUB_FAULT_RANK": "1", "SLHUB_FAULT_STEP": "2"}
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+         "--nproc-per-node=2", "-m", "slhub", "train", "--config", str(recipe)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    summary = proc.stderr[proc.stderr.rfind("Failures:") :]
+    assert "rank 1 failed during sampling: RuntimeError: injected sampling failure" in summary
