@@ -305,9 +305,14 @@ class MetricsLog:
         except OSError as exc:
             raise ArtifactError(f"{self.path}: cannot append metrics ({exc.strerror})") from None
 
-    def mark_resume(self, step: int, checkpoint: str) -> None:
+    def mark_resume(
+        self, step: int, checkpoint: str, source_changes: list[str] | None = None
+    ) -> None:
         """Record that the run continues from update ``step``: later records supersede."""
-        self.append({"step": step, "event": RESUME_EVENT, "checkpoint": checkpoint})
+        record: dict[str, Any] = {"step": step, "event": RESUME_EVENT, "checkpoint": checkpoint}
+        if source_changes:
+            record["source_changes"] = source_changes
+        self.append(record)
 
     def sync(self) -> None:
         os.fsync(self._handle.fileno())

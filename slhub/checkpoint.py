@@ -34,7 +34,7 @@ import torch
 
 from slhub import distributed
 from slhub.errors import CheckpointError
-from slhub.recipe import recipe_differences
+from slhub.recipe import RESUMABLE_KEYS, recipe_differences
 
 FORMAT_V2 = "slhub.checkpoint/2"
 V1_KEYS = frozenset({"step", "model", "optimizer", "rng"})
@@ -294,17 +294,25 @@ def check_resume_compatible(
     path: str | Path,
     *,
     recipe: dict[str, Any],
-    plugins: list[dict[str, Any]],
+    source: dict[str, Any],
     world_size: int,
-) -> None:
-    """Refuse a resume whose world size, recipe or plugin set differs, naming the difference."""
+    allow_source_change: bool = False,
+) -> list[str]:
+    """Refuse a resume whose world size, recipe or code differs, naming the difference.
+
+    ``source`` is this run's ``{"slhub", "torch", "plugins"}``. A different
+    slhub or torch version, or a plugin whose recorded version or module digest
+    differs, is refused unless ``allow_source_change``; the accepted
+    differences are returned for the run to record. A different set of
+    plugins is always refused.
+    """
     if version_of(checkpoint) == 1:
         if world_size != 1:
             raise CheckpointError(
                 f"{path}: a v1 checkpoint holds one process's state; it was written with world "
                 f"size 1 and cannot resume with world size {world_size}"
             )
-        return
+        return []
     run = checkpoint["run"]
     saved_world = run.get("world_size")
     if saved_world != world_size:
@@ -312,23 +320,49 @@ def check_resume_compatible(
             f"{path}: checkpoint was written with world size {saved_world}, this run has world "
             f"size {world_size}; exact recovery needs the same world size"
         )
-    saved = plugins_of(run)
-    if [_comparable_source(p) for p in saved] != [_comparable_source(p) for p in plugins]:
+    saved, plugins = plugins_of(run), source["plugins"]
+    if [(p.get("name"), p.get("role", "model")) for p in saved] != [
+        (p.get("name"), p.get("role", "model")) for p in plugins
+    ]:
         raise CheckpointError(
             f"{path}: plugins differ: checkpoint has {_describe_all(saved)}, "
             f"this run has {_describe_all(plugins)}"
+        )
+    changes = source_differences(run.get("source") or {}, source)
+    if changes and not allow_source_change:
+        raise CheckpointError(
+            f"{path}: code differs from the checkpoint's: {'; '.join(changes)}; exact recovery "
+            "needs the same code (pass --allow-source-change to resume anyway)"
         )
     differences = recipe_differences(run.get("recipe", {}), recipe)
     if differences:
         shown = "; ".join(differences[:5]) + ("; ..." if len(differences) > 5 else "")
         raise CheckpointError(
-            f"{path}: recipe differs from the checkpoint's (only trainer.output_dir and "
-            f"trainer.steps may change): {shown}"
+            f"{path}: recipe differs from the checkpoint's (only "
+            f"{', '.join(sorted(RESUMABLE_KEYS))} may change): {shown}"
         )
+    return changes
 
 
-def _comparable_source(source: dict[str, Any]) -> dict[str, Any]:
-    return {"role": "model", **source}
+def source_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """What changed in the code between a run identity's source and this run's."""
+    out = [
+        f"{name} {saved.get(name)} -> {current.get(name)}"
+        for name in ("slhub", "torch")
+        if saved.get(name) != current.get(name)
+    ]
+    for old, new in zip(plugins_of({"source": saved}), current.get("plugins", []), strict=False):
+        for key in ("object", "dist", "version", "digest"):
+            if old.get(key) != new.get(key):
+                what = "module digest" if key == "digest" else key
+                out.append(f"plugin {new.get('name')} {what} {_short(old.get(key))} -> "
+                           f"{_short(new.get(key))}")  # fmt: skip
+    return out
+
+
+def _short(value: Any) -> str:
+    text = str(value)
+    return text[:12] if len(text) == 64 else text
 
 
 def _describe_all(sources: list[dict[str, Any]]) -> str:

@@ -54,6 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
         "else start fresh (one command for the first start and every requeue)",
     )
     train.add_argument(
+        "--allow-source-change",
+        action="store_true",
+        help="resume although the slhub or torch version or a plugin's code differs from "
+        "the checkpoint's (the run records what changed)",
+    )
+    train.add_argument(
         "--overwrite",
         action="store_true",
         help="move the artifacts already in output_dir into a dated superseded-* folder "
@@ -87,6 +93,7 @@ def _train(args: argparse.Namespace) -> None:
         resume=args.resume,
         log_format=args.log_format,
         overwrite=args.overwrite,
+        allow_source_change=args.allow_source_change,
     )
 
 

@@ -15,12 +15,13 @@ order, then the built-in ``trylast`` defaults.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import inspect
 import os
 import sys
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib.metadata import EntryPoint, entry_points, packages_distributions, version
 from typing import Any
 
@@ -52,6 +53,9 @@ class PluginSource:
     dist: str | None
     version: str | None
     role: str = MODEL
+    #: sha256 of the module file of a ``module:object`` plugin, so edits to code that
+    #: has no version are noticed on resume (None for entry points: their version says it).
+    digest: str | None = None
 
     def describe(self) -> str:
         dist = f"dist {self.dist} {self.version}" if self.dist else "no distribution"
@@ -148,6 +152,15 @@ def _source_of_path(spec: str, role: str = MODEL) -> PluginSource:
     return PluginSource(name=spec, object=spec, dist=dist, version=ver, role=role)
 
 
+def _file_digest(module: Any) -> str | None:
+    """sha256 of a module's source file (None when it has none, e.g. a notebook's __main__)."""
+    path = getattr(module, "__file__", None)
+    if not path or not os.path.isfile(path):
+        return None
+    with open(path, "rb") as handle:
+        return hashlib.sha256(handle.read()).hexdigest()
+
+
 def resolve(spec: str, role: str = MODEL, objects: dict[str, Any] | None = None):
     """Import the plugin ``spec`` names (or take the object given for it) and describe its source.
 
@@ -155,7 +168,11 @@ def resolve(spec: str, role: str = MODEL, objects: dict[str, Any] | None = None)
     argument or a Python call): nothing read from a file reaches here.
     """
     if objects and spec in objects:
-        return objects[spec], _source_of_path(spec, role)
+        obj = objects[spec]
+        module = sys.modules.get(getattr(obj, "__module__", None) or "")
+        if inspect.ismodule(obj):
+            module = obj
+        return obj, replace(_source_of_path(spec, role), digest=_file_digest(module))
     if ":" in spec:
         source = _source_of_path(spec, role)
         module_name, _, attr = spec.partition(":")
@@ -170,7 +187,7 @@ def resolve(spec: str, role: str = MODEL, objects: dict[str, Any] | None = None)
             if not hasattr(obj, part):
                 raise PluginError(f"{source.describe()}: module {module_name} has no {part!r}")
             obj = getattr(obj, part)
-        return obj, source
+        return obj, replace(source, digest=_file_digest(module))
     eps = _entry_points()
     if spec not in eps:
         known = ", ".join(sorted(eps)) or "none installed"

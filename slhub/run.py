@@ -45,6 +45,7 @@ def train(
     plugin: Any = None,
     plugins: list[Any] | None = None,
     overwrite: bool = False,
+    allow_source_change: bool = False,
 ) -> Path:
     """Run a recipe on this process (one rank of a torchrun job, or alone).
 
@@ -55,6 +56,8 @@ def train(
     :param log_format: ``console`` or ``json``.
     :param overwrite: move the artifacts already in the output directory aside
         (into a dated ``superseded-*`` folder) and start fresh.
+    :param allow_source_change: resume although the slhub or torch version or a
+        plugin's code differs from the checkpoint's; the run records what changed.
     :param plugin: replaces the recipe's model plugin: a name or a plugin object
         (for example a class defined in a notebook cell).
     :param plugins: replaces the recipe's list of further plugins (names or objects).
@@ -71,7 +74,7 @@ def train(
     log.configure(log_format, distributed.env_rank(), distributed.env_world_size())
     if overwrite and resume is not None:
         raise SlhubError("--overwrite starts a run over; it cannot be combined with --resume")
-    start = _Start(resume, overwrite)
+    start = _Start(resume, overwrite, allow_source_change)
 
     def admit() -> Recipe:
         return as_recipe(recipe, overrides, plugin=plugin, plugins=plugins)
@@ -89,10 +92,15 @@ def train(
 class _Start:
     """How a run starts: fresh, from a checkpoint, ``auto``, or over old artifacts."""
 
-    def __init__(self, resume: str | Path | None, overwrite: bool) -> None:
+    def __init__(
+        self, resume: str | Path | None, overwrite: bool, allow_source_change: bool = False
+    ) -> None:
         self.requested = resume
         self.overwrite = overwrite
+        self.allow_source_change = allow_source_change
         self.checkpoint: Path | None = None
+        #: Code differences the user accepted with ``allow_source_change``.
+        self.source_changes: list[str] = []
 
     def resolve(self, recipe: Recipe) -> Path | None:
         """The checkpoint to resume from (None: a fresh run)."""
@@ -131,7 +139,8 @@ def _train_on(read: Any, start: _Start, device: torch.device) -> Path:
     error: BaseException | None = None
     try:
         recipe = read()
-        loop, ckpt = _admit(recipe, start.resolve(recipe), device)
+        start.resolve(recipe)
+        loop, ckpt = _admit(recipe, start, device)
     except Exception as exc:  # noqa: BLE001 - agreed on below
         error = _logged(exc)
     _agree_or_raise(error, device)
@@ -181,7 +190,7 @@ def _fit(loop: Loop, device: torch.device) -> Path:
 
 
 def _admit(
-    recipe: Recipe, resume: Path | None, device: torch.device
+    recipe: Recipe, start: _Start, device: torch.device
 ) -> tuple[Loop, dict[str, Any] | None]:
     """Everything a rank builds before training, with no side effects; raises on bad input."""
     plugins = registry.build_manager(recipe.plugin, recipe.plugins, recipe.objects)
@@ -193,14 +202,16 @@ def _admit(
             sections[name] = model
     recipe.validate_sections(sections)
     ckpt = None
+    resume = start.checkpoint
     if resume is not None:
         ckpt = checkpoint.load_checkpoint(resume)
-        checkpoint.check_resume_compatible(
+        start.source_changes = checkpoint.check_resume_compatible(
             ckpt,
             resume,
             recipe=recipe.to_dict(),
-            plugins=plugins.to_list(),
+            source=_source_identity(plugins),
             world_size=distributed.world_size(),
+            allow_source_change=start.allow_source_change,
         )
     loop = Loop(recipe, plugins, device)
     if ckpt is not None:
@@ -253,7 +264,15 @@ def _claim_or_reopen(loop: Loop, ckpt: dict[str, Any] | None, start: _Start) -> 
     if ckpt is not None:
         in_place = artifacts.check_resume_destination(folder, ckpt_run)
     if in_place:
+        assert ckpt_run is not None
         loop.identity = ckpt_run
+        if start.source_changes:  # later checkpoints carry the code that wrote them
+            history = [*ckpt_run.get("source_changes", []), _change_record(ckpt, start)]
+            loop.identity = {
+                **ckpt_run,
+                "source": _source_identity(loop.plugins),
+                "source_changes": history,
+            }
     else:
         resumed_from = None
         if ckpt is not None:
@@ -264,6 +283,8 @@ def _claim_or_reopen(loop: Loop, ckpt: dict[str, Any] | None, start: _Start) -> 
                 "checkpoint": str(resume),
                 "sha256": checkpoint.sha256_file(resume),
             }
+            if start.source_changes:
+                resumed_from["source_changes"] = start.source_changes
         loop.identity = artifacts.new_identity(
             recipe=loop.recipe.to_dict(),
             recipe_digest=loop.recipe.digest(),
@@ -275,7 +296,13 @@ def _claim_or_reopen(loop: Loop, ckpt: dict[str, Any] | None, start: _Start) -> 
     loop.metrics = artifacts.MetricsLog(folder / artifacts.METRICS_FILE)
     if in_place:
         assert ckpt is not None
-        loop.metrics.mark_resume(checkpoint.step_of(ckpt), str(resume))
+        loop.metrics.mark_resume(
+            checkpoint.step_of(ckpt), str(resume), source_changes=start.source_changes
+        )
+
+
+def _change_record(ckpt: dict[str, Any], start: _Start) -> dict[str, Any]:
+    return {"step": checkpoint.step_of(ckpt), "changes": start.source_changes}
 
 
 def _source_identity(plugins: registry.Plugins) -> dict[str, Any]:
