@@ -179,6 +179,8 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
     try:
+        with open(path, "rb"):
+            pass
         is_archive = zipfile.is_zipfile(path)
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read checkpoint ({exc.strerror or exc})") from None

@@ -5,8 +5,11 @@ as SIGUSR1) some seconds before they kill a job. The handler only records the
 request; the loop carries it in the per-update agreement it already makes, so
 every rank learns it at the same update without an extra collective. Every
 rank then finishes that update, the run writes ``step_N.pt`` and ``last.pt``,
-and every rank exits with :data:`EXIT_PREEMPTED`. A second signal exits at
-once with ``128 + signal`` (no checkpoint).
+and every rank exits with :data:`EXIT_PREEMPTED`. A second signal, at least
+:data:`REPEAT_AFTER_S` seconds after the first, exits at once with
+``128 + signal`` (no checkpoint). Closer repeats are the same request delivered
+twice (torchrun forwarding a signal the worker also received, the parent-death
+signal) and are ignored, as is any signal once the stop is checkpointed.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from types import FrameType
 from typing import Any
 
@@ -22,6 +26,8 @@ from slhub.errors import SlhubError
 
 #: Exit status of a preempted run: "temporary failure, try again" (sysexits.h EX_TEMPFAIL).
 EXIT_PREEMPTED = 75
+#: A repeat of a stop signal sooner than this is taken as the same request delivered twice.
+REPEAT_AFTER_S = 3.0
 
 
 class Preempted(SlhubError):
@@ -43,6 +49,7 @@ class StopSignals:
     def __init__(self, names: list[str] | tuple[str, ...]) -> None:
         self.signals = [getattr(signal, name) for name in names]
         self.received: int | None = None
+        self._first_at = 0.0
         #: Set once the stop is checkpointed: a later signal (torchrun tearing down the
         #: other workers) must not cut the orderly exit short.
         self.done = False
@@ -60,6 +67,8 @@ class StopSignals:
         if self.done:
             return
         if self.received is not None:
+            if time.monotonic() - self._first_at < REPEAT_AFTER_S:
+                return
             sys.stderr.write(
                 f"slhub: error: second {signal.Signals(signum).name}: exiting now, "
                 "without a checkpoint of the current update\n"
@@ -67,6 +76,7 @@ class StopSignals:
             sys.stderr.flush()
             os._exit(128 + signum)
         self.received = signum
+        self._first_at = time.monotonic()
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():

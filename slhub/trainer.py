@@ -195,7 +195,7 @@ class Loop:
             for step in range(self.step + 1, self.config.steps + 1):
                 stop = self._update(step)
                 self._boundary(step, save=stop)
-                if stop:
+                if stop and step < self.config.steps:  # at the last update the run is done
                     stopped_at = step
                     break
             self._agree_final()

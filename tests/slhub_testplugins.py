@@ -358,3 +358,12 @@ class AccumulationProbe(SlDdpPlugin):
         if (trainer.rank, step, index) == self.ZERO:
             mask = torch.zeros_like(mask)
         return x, y, mask
+
+
+class WhereAmI:
+    """An extra plugin that checkpoints where each rank ran: rank, LOCAL_RANK and device."""
+
+    @hookimpl
+    def save(self, trainer):
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        return {"where": {"rank": trainer.rank, "local_rank": local, "device": str(trainer.device)}}

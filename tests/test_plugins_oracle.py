@@ -4,10 +4,13 @@ For each case (built-in NeRD, RWM with a 3-step horizon, RigidFormer with uneven
 object counts, state BC, visual BC) a real ``torchrun`` run of two workers makes
 two updates and saves at update 2. The oracle rebuilds the model in this process
 exactly as the trainer does, redraws each rank's batches with that rank's sampler
-generator (``slhub.testing.sampler_generator``), concatenates them and takes two plain
-Adam steps on the concatenated batches. The saved parameters must match the
-oracle to 1e-6 and the two ranks' replicas (dumped by the test-only
-``slhub_plugin_replicas`` plugins) must be identical.
+generator (``slhub.testing.sampler_generator``), concatenates them and takes two
+optimizer steps on the concatenated batches with the recipe's optimizer and schedule
+(``optim``, ``schedule``, built with ``slhub.optim`` as the built-in
+``configure_optimizers`` builds them) and its ``trainer.grad_clip_norm``, stepping the
+schedule after each update. The saved parameters must match the oracle to 1e-6 and the
+two ranks' replicas (dumped by the test-only ``slhub_plugin_replicas`` plugins) must be
+identical.
 
 The models run in float64 here. In float32 the two computations differ by
 rounding (summation order), and Adam's first steps, ``lr * m / sqrt(v)``, turn
@@ -29,6 +32,7 @@ import torch
 import yaml
 
 from conftest import REPO, load, run_torchrun, write_recipe
+from slhub.optim import OptimSection, ScheduleSection, build_optimizer, build_schedule
 from slhub.registry import resolve
 from slhub.testing import StandInTrainer, hooks_of, sampler_generator
 
@@ -97,17 +101,27 @@ def _concat(batches: list[Any]) -> Any:
     raise TypeError(f"cannot concatenate batches of type {type(first).__name__}")
 
 
-def _oracle(recipe_path: Path, world: int, steps: int) -> tuple[dict, list[list[float]]]:
-    """Parameters after ``steps`` single-process Adam updates on concatenated rank batches."""
+def _oracle(recipe_path: Path, world: int, steps: int) -> tuple[dict, list[list[float]], list]:
+    """Parameters after ``steps`` single-process updates on concatenated rank batches,
+    with the recipe's optimizer, schedule and gradient clipping; the rank weights; and
+    each update's ``train/`` metrics: the learning rate and, when clipping, the
+    gradient norm before clipping."""
     recipe = yaml.safe_load(recipe_path.read_text())
     plugin = resolve(recipe["plugin"])[0]()
-    sections = {k: v for k, v in recipe.items() if k not in ("plugin", "plugins", "trainer")}
+    core = ("plugin", "plugins", "trainer", "optim", "schedule")
+    sections = {k: v for k, v in recipe.items() if k not in core}
     trainer = StandInTrainer(plugin, sections, **recipe["trainer"])
     hooks = hooks_of(plugin)
     model = trainer.build(plugin)  # seeds and builds as a rank does
-    optimizer = torch.optim.Adam(model.parameters(), lr=trainer.config.lr)
+    config = trainer.config
+    optimizer = build_optimizer(
+        model.parameters(), config.lr, OptimSection.model_validate(recipe.get("optim", {}))
+    )
+    schedule = build_schedule(
+        optimizer, ScheduleSection.model_validate(recipe.get("schedule", {})), config.steps
+    )
     generators = [sampler_generator(trainer.config.seed, r) for r in range(world)]
-    weights = []
+    weights, rates = [], []
     for step in range(1, steps + 1):
         batches = [hooks.sample(trainer=trainer, generator=g, step=step) for g in generators]
         weights.append(
@@ -120,8 +134,14 @@ def _oracle(recipe_path: Path, world: int, steps: int) -> tuple[dict, list[list[
         assert float(result.weight) == pytest.approx(sum(weights[-1]))
         optimizer.zero_grad(set_to_none=True)
         result.loss.backward()
+        rate = {"train/lr": optimizer.param_groups[0]["lr"]}
+        if config.grad_clip_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip_norm)
+            rate["train/grad_norm"] = float(norm)
+        rates.append(rate)
         optimizer.step()
-    return {n: p.detach().clone() for n, p in model.named_parameters()}, weights
+        schedule.step()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}, weights, rates
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -153,9 +173,9 @@ def test_two_gloo_updates_match_concatenated_batch_oracle(case: str, tmp_path: P
     for name, value in replicas[0].items():
         assert torch.equal(value, replicas[1][name]), f"{case}: replicas differ at {name}"
 
-    expected, weights = _oracle(path, world=2, steps=2)
+    expected, weights, rates = _oracle(path, world=2, steps=2)
     deviation = max((ckpt["model"][n] - p).abs().max().item() for n, p in expected.items())
-    print(f"{case}: max |distributed - oracle| = {deviation:.3g}, rank weights {weights}")
+    print(f"{case}: max |distributed - oracle| = {deviation:.3g}, weights {weights}, {rates}")
     assert deviation <= TOLERANCE, f"{case}: parameters deviate by {deviation:.3g}"
     for name in expected:
         assert torch.equal(replicas[0][name], ckpt["model"][name])
@@ -163,5 +183,13 @@ def test_two_gloo_updates_match_concatenated_batch_oracle(case: str, tmp_path: P
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     totals = [row["train/weight"] for row in logged if "train/weight" in row]
     assert totals == [pytest.approx(sum(w)) for w in weights]
+    # The learning rate of each update (the recipe's schedule) and, with clipping, the
+    # gradient norm before clipping are the oracle's.
+    logged_rates = [
+        {k: row[k] for k in ("train/lr", "train/grad_norm") if k in row}
+        for row in logged
+        if "train/weight" in row
+    ]
+    assert logged_rates == [{k: pytest.approx(v, rel=1e-9) for k, v in r.items()} for r in rates]
     if case == "rigidformer":  # uneven object counts: the ranks' valid counts differ
         assert any(w[0] != w[1] for w in weights), weights
