@@ -16,6 +16,7 @@ import copy
 import hashlib
 import inspect
 import json
+import os
 import re
 import types
 from pathlib import Path
@@ -61,7 +62,14 @@ class TrainerConfig(BaseModel):
     accumulate: int = Field(default=1, ge=1, le=MAX_COUNT)
     #: Autocast of the objective: fp32 (none), bf16-mixed, or fp16-mixed (CUDA, scaled).
     precision: Literal["fp32", "bf16-mixed", "fp16-mixed"] = "fp32"
+
     #: Signals that stop the run after the current update, with a checkpoint (preemption).
+    @field_validator("output_dir", mode="before")
+    @classmethod
+    def _path_as_text(cls, value: Any) -> Any:
+        """A ``pathlib.Path`` from Python is as good as the text a YAML file holds."""
+        return os.fspath(value) if isinstance(value, os.PathLike) else value
+
     stop_signals: list[Literal["SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP"]] = Field(
         default_factory=lambda: ["SIGTERM", "SIGUSR1"]
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,7 +13,11 @@ import pytest
 import torch
 import yaml
 
-from slhub.testing import assert_tree_equal  # noqa: F401 - shared with the tests
+from slhub.recipe import as_recipe
+from slhub.testing import (
+    STOP_AT_ENV,
+    assert_tree_equal,  # noqa: F401 - shared with the tests
+)
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -66,18 +71,24 @@ def run_torchrun(*args: str, nproc: int = 2, env: dict[str, str] | None = None, 
 def train_stopped_then_resumed(
     recipe: Path, stop_at: int, stopped: Path, resumed: Path | None = None
 ) -> Path:
-    """Under 2 torchrun workers: train to update ``stop_at`` into ``stopped``, then resume
-    from its ``step_{stop_at}.pt`` to the recipe's ``trainer.steps``, into ``resumed``
-    (in place when None). Returns the directory holding the finished run."""
+    """Under 2 torchrun workers: train the recipe, preempted at update ``stop_at`` by the
+    extra plugin ``slhub.testing:StopAt`` (as a real job is stopped), into ``stopped``;
+    then resume from its ``step_{stop_at}.pt`` to the recipe's ``trainer.steps``, into
+    ``resumed`` (in place when None). ``trainer.steps`` is never changed, so a schedule
+    over it is the uninterrupted run's. Returns the directory holding the finished run."""
+    plugins = [*as_recipe(recipe).plugins, "slhub.testing:StopAt"]
+    stop = ("--set", f"plugins={json.dumps(plugins)}")
     proc = run_torchrun(
-        "train", "--config", str(recipe),
-        "--set", f"trainer.steps={stop_at}", "--set", f"trainer.output_dir={stopped}",
+        "train", "--config", str(recipe), *stop, "--set", f"trainer.output_dir={stopped}",
+        env={STOP_AT_ENV: str(stop_at)},
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # torchrun reports its workers' preempted exit (75) as its own failure
+    assert proc.returncode != 0, proc.stderr[-3000:]
+    assert f"stop signal at update {stop_at}:" in proc.stderr, proc.stderr[-3000:]
     target = resumed or stopped
     proc = run_torchrun(
-        "train", "--config", str(recipe), "--set", f"trainer.output_dir={target}",
-        "--resume", str(stopped / f"step_{stop_at}.pt"),
+        "train", "--config", str(recipe), *stop, "--set", f"trainer.output_dir={target}",
+        "--resume", str(stopped / f"step_{stop_at}.pt"), env={STOP_AT_ENV: ""},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     return target

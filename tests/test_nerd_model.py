@@ -39,7 +39,7 @@ def stand_in(tmp_path: Path, batch_size: int = 8, **sections: dict) -> StandInTr
     for name, values in sections.items():
         raw[name] = {**raw[name], **values}
     return StandInTrainer(
-        NerdPlugin(), raw, batch_size=batch_size, lr=1e-2, output_dir=tmp_path / "run"
+        NerdPlugin(), raw, batch_size=batch_size, lr=1e-2, output_dir=str(tmp_path / "run")
     )
 
 

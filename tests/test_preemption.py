@@ -28,7 +28,7 @@ from conftest import (
     subprocess_env,
     write_recipe,
 )
-from slhub.preemption import EXIT_PREEMPTED
+from slhub.preemption import EXIT_PREEMPTED, REPEAT_AFTER_S
 from slhub.testing import STATE_KEYS, assert_tree_equal
 
 STEPS = 120
@@ -143,16 +143,19 @@ def test_stop_signal_checkpoints_the_update_and_resume_auto_is_exact(
     _assert_same_as_reference(out, reference[workers])
 
 
-def test_second_signal_exits_at_once(tmp_path: Path):
+def test_second_signal_exits_at_once_and_a_repeat_is_one_request(tmp_path: Path):
     out = tmp_path / "run"
-    procs = _start(_recipe(tmp_path, out), env={"SLHUB_SLOW_S": "0.05"})
-    _wait_for_update(out, 3, procs)
+    gate = tmp_path / "gate"  # never opened: update 3 never commits, so the stop never comes
+    procs = _start(_recipe(tmp_path, out), env={"SLHUB_GATE": str(gate)})
+    _wait_for_update(out, 2, procs)
     procs[0].send_signal(signal.SIGTERM)
-    procs[0].send_signal(signal.SIGTERM)
+    procs[0].send_signal(signal.SIGTERM)  # the same request delivered twice: ignored
+    time.sleep(REPEAT_AFTER_S + 0.5)
+    assert procs[0].poll() is None
+    procs[0].send_signal(signal.SIGTERM)  # a real second request
     (rc, err), = _finish(procs)  # fmt: skip
-    assert rc in (EXIT_PREEMPTED, 128 + signal.SIGTERM), err[-2000:]
-    if rc == 128 + signal.SIGTERM:
-        assert "second SIGTERM: exiting now" in err
+    assert rc == 128 + signal.SIGTERM, err[-2000:]
+    assert "second SIGTERM: exiting now" in err
 
 
 def test_sigterm_to_the_torchrun_agent_checkpoints_every_worker(tmp_path: Path, reference):
@@ -229,3 +232,53 @@ def test_torn_metrics_line_is_fenced_and_resume_in_place_after_a_crash(tmp_path:
     _assert_same_as_reference(out, reference[1])
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert '{"step": 62, "train/lo' in lines  # nothing written is rewritten or deleted
+
+
+def test_a_stop_at_the_last_update_completes_the_run(tmp_path: Path, monkeypatch):
+    """Nothing would be left to resume: the run ends as done (exit 0), not preempted."""
+    import slhub
+    from slhub.testing import STOP_AT_ENV
+
+    monkeypatch.setenv(STOP_AT_ENV, "4")
+    recipe = write_recipe(
+        tmp_path / "r.yaml", plugins=["slhub.testing:StopAt"], trainer__steps=4,
+        trainer__output_dir=str(tmp_path / "run"),
+    )  # fmt: skip
+    out = slhub.train(recipe)
+    assert load(out / "last.pt")["step"] == 4
+
+
+def _children(pid: int) -> list[int]:
+    """Process ids whose parent is ``pid`` (from /proc; torchrun's workers)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_sigkill_of_a_worker_under_torchrun_resumes_exactly(tmp_path: Path, reference):
+    """kill -9 of one of two workers: torchrun tears the job down; the requeued command
+    (--resume auto, in place) finishes bit-identical to the uninterrupted run."""
+    out = tmp_path / "run"
+    recipe = _recipe(tmp_path, out, trainer__save_every=5)
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+         "--nproc-per-node=2", "-m", "slhub", "train", "--config", str(recipe),
+         "--resume", "auto"],
+        cwd=REPO, env=subprocess_env({"SLHUB_SLOW_S": "0.005"}), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    _wait_for_update(out, random.randint(2, STEPS - 20), [agent])
+    workers = _children(agent.pid)
+    assert len(workers) == 2, workers
+    os.kill(random.choice(workers), signal.SIGKILL)
+    agent.communicate(timeout=120)
+    assert agent.returncode != 0
+    again = _finish(_start(recipe, "--resume", "auto", workers=2, env={"SLHUB_SLOW_S": "0"}))
+    assert [rc for rc, _ in again] == [0, 0], again[0][1][-2000:]
+    _assert_same_as_reference(out, reference[2])

@@ -137,8 +137,10 @@ def test_example_recipe_resumes_bit_exactly(tmp_path, repo, make_trainer):
     assert final["step"] == 4 and stopped["step"] == 2
     run = final["run"]
     assert run["recipe"]["plugin"] == "bc" and run["world_size"] == 1
+    # check_resume_exact stops and resumes with the extra plugin StopAt, so it is recorded
     assert [(p["name"], p["object"], p["role"]) for p in run["source"]["plugins"]] == [
-        ("bc", "slhub_bc.plugin:BcPlugin", "model")
+        ("bc", "slhub_bc.plugin:BcPlugin", "model"),
+        ("slhub.testing:StopAt", "slhub.testing:StopAt", "extra"),
     ]
     # Updates 3 and 4 log the same losses and validation in both runs.
     later = _metrics(check.uninterrupted, after=2)
