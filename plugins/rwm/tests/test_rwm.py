@@ -166,6 +166,7 @@ def test_example_recipe_resumes_bit_exactly(tmp_path, repo, make_trainer):
         stop_at=2,
         workdir=tmp_path,
         workers=1,
+        in_process=True,
         cwd=repo,
         overrides=[
             "trainer.steps=4",
