@@ -245,7 +245,10 @@ def scale_loss(trainer: Trainer, result: LossResult, total_weight: float) -> tor
 
     :param trainer: this rank's :class:`Trainer`.
     :param result: this rank's :class:`LossResult`.
-    :param total_weight: the sum of every rank's weight for this update.
+    :param total_weight: the sum of every rank's weight for this update; with
+        ``trainer.accumulate > 1`` it is ``world_size`` for every micro-batch (the
+        total is known only after all of them ran) and the loop divides the
+        reduced gradient by the total afterwards.
     :returns: a scalar tensor to call ``backward()`` on.
     """
 

@@ -146,8 +146,9 @@ Precision = Literal["fp32", "bf16-mixed", "fp16-mixed"]
 class MixedPrecision:
     """Autocast for the objective, and the fp16 gradient scaler (whose state is checkpointed).
 
-    Autocast lowers float32 operations only: a model built in float64 or
-    bfloat16 (NeRD's ``model.precision``) keeps its own dtype.
+    Autocast lowers float32 operations: a model built in float64 (NeRD's
+    ``model.precision``) keeps its dtype, a bfloat16 one keeps it under
+    bf16-mixed; do not combine a bfloat16 model with fp16-mixed.
     """
 
     def __init__(self, precision: Precision, device: torch.device) -> None:

@@ -24,7 +24,7 @@ import torch
 
 from slhub import artifacts, checkpoint, distributed, log, preemption, registry
 from slhub._version import __version__
-from slhub.errors import ArtifactError, PluginError, SlhubError
+from slhub.errors import ArtifactError, CheckpointError, PluginError, SlhubError
 from slhub.recipe import Recipe, as_recipe
 from slhub.trainer import Loop
 
@@ -145,6 +145,7 @@ def _train_on(read: Any, start: _Start, device: torch.device) -> Path:
         error = _logged(exc)
     _agree_or_raise(error, device)
     assert loop is not None
+    _agree_or_raise(_same_start(loop), device)
     run_lock: artifacts.RunLock | None = None
     try:
         if loop.is_main:
@@ -217,6 +218,18 @@ def _admit(
     if ckpt is not None:
         loop.load(ckpt)
     return loop, ckpt
+
+
+def _same_start(loop: Loop) -> BaseException | None:
+    """Every rank must start from rank 0's update: a node that cannot see the checkpoint
+    (no shared filesystem) would otherwise start fresh under ``--resume auto``."""
+    start = distributed.broadcast_from_rank0(loop.step)
+    if start == loop.step:
+        return None
+    return CheckpointError(
+        f"rank {loop.rank} starts at update {loop.step} but rank 0 at update {start}: every "
+        "node must see trainer.output_dir and the checkpoint (a shared filesystem)"
+    )
 
 
 def _agree_or_raise(error: BaseException | None, device: torch.device) -> None:

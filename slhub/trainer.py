@@ -4,21 +4,26 @@
      agreed on by every rank; rank 0 opens the run directory)
     for step in start+1 .. steps:
         err = None
-        try:    batch = sample(generator, step); result = objective(batch, step)  # inside DDP
+        try:    for each of `accumulate` micro-batches:                     # inside DDP
+                    batch = sample(generator, step); result = objective(batch, step)
+                    all but the last: backward(scale_loss(result, world_size)) under no_sync
         except: err = (phase, exception)
-        agreed = agree(result.weight, weight*loss, err or held, stop-signal received)
+        agreed = agree(sum w, sum w*loss, err or held, stop-signal received)
                           # ONE all_reduce per update (+1 only on a failure or a stop request)
         if agreed.failed: raise the same RankFailure on every rank (origin rank, phase)
-        if agreed.total_weight == 0: backward(exact zero); no optimizer step (skipped update)
-        elif result.weight == 0:     backward(exact zero)               # contributes nothing
-        else: backward(scale_loss(result, total))  # DDP mean -> sum(w_r L_r) / sum(w_r)
-        optimizer.step(); on_commit(...); rank 0 appends the metrics line
+        last micro-batch: weight 0 -> backward(exact zero)               # contributes nothing
+                          else backward(scale_loss(result, total))  # DDP mean is exact
+                          (accumulating: scale_loss(result, world_size), then grad *= N/total)
+        if agreed.total_weight > 0: clip the gradient norm; optimizer.step()  # else skipped
+        schedule.step()                                   # every update, skipped ones too
+        on_commit(...); rank 0 appends the metrics line (train/loss, train/lr, ...)
         if boundary: committed = gather every rank's save() state      # collective, all ranks
         if validation step and rank 0: validate(...)       # errors held for the next agree
         if save step and rank 0: write committed    # even if validation failed; errors held
         if agreed.stop: save this update (as at a save step) and leave the loop
     final agree(): surfaces an error held from the last boundary
-    if agreed.stop: every rank raises Preempted (exit status 75; resume with --resume auto)
+    if stopped before the last update: every rank raises Preempted (exit status 75;
+                                       resume with --resume auto); at the last one: done
 
 DDP wraps the objective computation (model + loss), never ``loop.model``, which
 stays the original module for validation, saving and export. The loop is what
@@ -27,6 +32,7 @@ hooks receive as ``trainer``: it implements :class:`slhub.hookspecs.Trainer`.
 
 from __future__ import annotations
 
+import math
 import warnings
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
@@ -305,8 +311,8 @@ class Loop:
             if self.config.grad_clip_norm is not None:
                 if scaler is not None:
                     scaler.unscale_(self.optimizer)
-                norm = torch.nn.utils.clip_grad_norm_(params, self.config.grad_clip_norm)
-                grad_norm = float(norm)
+                norm = float(torch.nn.utils.clip_grad_norm_(params, self.config.grad_clip_norm))
+                grad_norm = norm if math.isfinite(norm) else None  # fp16 overflow: step skipped
             if scaler is not None:
                 scaler.step(self.optimizer)  # skipped on every rank alike when grads overflow
                 scaler.update()

@@ -85,3 +85,55 @@ def test_two_nodes_equal_one_node_and_resume_across_nodes(tmp_path: Path):
     assert [rc for rc, _ in again] == [0, 0], again[0][1][-2000:]
     assert_tree_equal(expected, _state(tmp_path / "resumed" / "last.pt"))
     assert metrics_of(tmp_path / "resumed") == metrics_of(tmp_path / "single")
+
+
+def test_a_node_that_cannot_see_the_checkpoint_fails_every_rank(tmp_path: Path):
+    """Two workers whose working directories differ, as two nodes without a shared
+    filesystem: under --resume auto only rank 0 finds last.pt. Both refuse at admission."""
+    node_a, node_b = tmp_path / "a", tmp_path / "b"
+    node_a.mkdir()
+    node_b.mkdir()
+    recipe = write_recipe(
+        tmp_path / "r.yaml", plugins=["slhub.testing:StopAt"], trainer__steps=6,
+        trainer__save_every=0, trainer__output_dir="run",
+    )  # fmt: skip
+
+    def workers(cwds: list[Path], env: dict) -> list[tuple[int, str]]:
+        port = str(free_port())
+        procs = []
+        for rank, cwd in enumerate(cwds):
+            worker_env = subprocess_env(env)
+            worker_env.update(
+                RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE="2", LOCAL_WORLD_SIZE="1",
+                MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                PYTHONPATH=f"{REPO}:{worker_env['PYTHONPATH']}",
+            )  # fmt: skip
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "slhub",
+                        "train",
+                        "--config",
+                        str(recipe),
+                        "--resume",
+                        "auto",
+                    ],
+                    cwd=cwd,
+                    env=worker_env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )  # fmt: skip
+            )
+        return [(p.wait(timeout=120), p.communicate()[1]) for p in procs]
+
+    stopped = workers([node_a, node_a], {STOP_AT_ENV: "4"})
+    assert [rc for rc, _ in stopped] == [EXIT_PREEMPTED] * 2, stopped[0][1][-2000:]
+    refused = workers([node_a, node_b], {})
+    assert [rc for rc, _ in refused] == [2, 2], refused[0][1][-2000:]
+    assert "rank 1 failed during admission" in refused[0][1]
+    assert "rank 1 starts at update 0 but rank 0 at update 4" in refused[1][1]
+    assert load(node_a / "run" / "last.pt")["step"] == 4  # nothing written by the refusal
+    assert not (node_b / "run").exists()
