@@ -36,6 +36,7 @@ from torch import nn
 from slhub import hookspecs, rng
 from slhub.errors import PluginError
 from slhub.hookspecs import hookimpl
+from slhub.optim import OptimSection, ScheduleSection, build_optimizer, build_schedule
 from slhub.preemption import EXIT_PREEMPTED, Preempted
 from slhub.recipe import TrainerConfig, as_recipe
 
@@ -110,6 +111,7 @@ class StandInTrainer:
         self.generator = sampler_generator(self.config.seed, rank)
         self.model: nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: Any = None
         self.saved: list[str | None] = []
         self._sections = _validated(plugin, dict(sections or {}))
 
@@ -131,13 +133,21 @@ class StandInTrainer:
         self.saved.append(name)
         return None
 
-    def build(self, plugin: Any) -> nn.Module:
-        """Call ``plugin.build_model`` seeded as the loop seeds it; keep the model and
-        give it the loop's optimizer (Adam with ``config.lr``)."""
+    def build(
+        self, plugin: Any, optim: Mapping[str, Any] | None = None, schedule: Any = None
+    ) -> nn.Module:
+        """Call ``plugin.build_model`` seeded as the loop seeds it; keep the model and give
+        it the optimizer and schedule the built-in default makes from the recipe sections
+        ``optim`` and ``schedule`` (given as mappings; default Adam, constant)."""
         rng.seed_everything(self.config.seed)
         model = plugin.build_model(trainer=self)
         self.model = model.to(self.device)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.config.lr)
+        self.optimizer = build_optimizer(
+            self.model.parameters(), self.config.lr, OptimSection.model_validate(optim or {})
+        )
+        self.scheduler = build_schedule(
+            self.optimizer, ScheduleSection.model_validate(schedule or {}), self.config.steps
+        )
         return self.model
 
 

@@ -367,3 +367,22 @@ class WhereAmI:
     def save(self, trainer):
         local = int(os.environ.get("LOCAL_RANK", "0"))
         return {"where": {"rank": trainer.rank, "local_rank": local, "device": str(trainer.device)}}
+
+
+class OwnOptimizer(SlDdpPlugin):
+    """Its own optimizer: SGD with momentum and two parameter groups (the output layer at
+    a tenth of the rate), and no schedule."""
+
+    @hookimpl
+    def configure_optimizers(self, trainer, model):
+        groups = [
+            {"params": model[0].parameters()},
+            {"params": model[2].parameters(), "lr": trainer.config.lr / 10},
+        ]
+        return torch.optim.SGD(groups, lr=trainer.config.lr, momentum=0.9), None
+
+
+class BadOptimizer(SlDdpPlugin):
+    @hookimpl
+    def configure_optimizers(self):
+        return "adam"

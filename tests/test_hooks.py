@@ -14,7 +14,7 @@ import torch
 from conftest import REPO, SL_DDP, load, metrics_of, one_line_error, run_cli
 from slhub import hookspecs, train
 from slhub.errors import PluginError, RankFailure, RecipeError
-from slhub.testing import sampler_generator
+from slhub.testing import check_resume_exact, sampler_generator
 
 SPECS = sorted(n for n in dir(hookspecs) if hasattr(getattr(hookspecs, n), "slhub_spec"))
 
@@ -69,6 +69,23 @@ def test_hook_recipe_sections(tmp_path: Path):
     with pytest.raises(RecipeError, match=r"--set data\.size=3: data\.size: unknown key"):
         _run(tmp_path, "examples.sl_ddp.plugin:SlDdpPlugin", "data.size=3")
     assert not (tmp_path / "out").exists()
+
+
+def test_hook_configure_optimizers(tmp_path: Path):
+    out = _run(tmp_path, "slhub_testplugins:OwnOptimizer", *SHORT)
+    ckpt = load(out / "last.pt")
+    groups = ckpt["optimizer"]["param_groups"]
+    assert [(g["lr"], g["momentum"]) for g in groups] == [(0.001, 0.9), (0.0001, 0.9)]
+    assert all("momentum_buffer" in s for s in ckpt["optimizer"]["state"].values())
+    assert ckpt["scheduler"]["schedule"] is None
+    assert {m["train/lr"] for m in metrics_of(out) if "train/lr" in m} == {0.001}
+    check = check_resume_exact(
+        SL_DDP, stop_at=2, workdir=tmp_path / "resume", in_process=True,
+        overrides=["plugin=slhub_testplugins:OwnOptimizer", *SHORT],
+    )  # fmt: skip
+    assert check.final("resumed")["optimizer"]["param_groups"][1]["lr"] == 0.0001
+    with pytest.raises(PluginError, match="configure_optimizers returned str"):
+        _run(tmp_path, "slhub_testplugins:BadOptimizer", name="bad")
 
 
 def test_hook_build_model(tmp_path: Path):
