@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Install each external model package under plugins/ from its folder, as a third party would,
-# and check that installing it is what makes `slhub plugins` list it. Their tests (under
+# Install each external plugin package under plugins/ (model packages and the extra plugin
+# tensorboard) from its folder, as a third party would, and check that installing it is what
+# makes `slhub plugins` list it, as a model or an extra plugin. Their tests (under
 # plugins/*/tests) run in the root `python -m pytest -q` that .ci/run calls afterwards.
 # Expects slhub itself to be installed already (.ci/run installs it first).
 set -euo pipefail
@@ -14,7 +15,7 @@ done
 listing=$(python -m slhub plugins)
 for pkg in plugins/*/; do
   name=$(basename "$pkg")
-  grep -Eq "^${name}[[:space:]]+model[[:space:]]+slhub-${name} " <<<"$listing" || {
+  grep -Eq "^${name}[[:space:]]+(model|extra)[[:space:]]+slhub-${name} " <<<"$listing" || {
     echo "slhub plugins does not list ${name}:"; echo "$listing"; exit 1
   }
 done
