@@ -1,10 +1,12 @@
 """Command line: parse arguments, call the library, map SlhubError to one line and exit 2.
 
 slhub train --config RECIPE.yaml [--set a.b=VALUE ...] [--resume CKPT|auto] [--overwrite]
-            [--log-format json]
+            [--allow-source-change] [--log-format console|json]
 slhub plugins
 slhub inspect CKPT
 slhub export --checkpoint CKPT --out DIR [--plugin NAME]
+slhub plot RUN_DIR [--out FILE.png]
+slhub --version
 
 Exit status: 0 done; 2 bad input or a rank failure (one line); 75 preempted (a
 checkpoint of the last update was written: rerun with ``--resume auto``); 130
@@ -19,10 +21,28 @@ import shlex
 import sys
 from collections.abc import Sequence
 
+from slhub._version import __version__
 from slhub.errors import SlhubError
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+
+EXIT_CODES = """exit status:
+  0    done
+  2    bad input (recipe, path, checkpoint, plugin) or a rank failure; one line says which
+  75   preempted by a stop signal: the last update was checkpointed; rerun with --resume auto
+  130  interrupted (Ctrl-C)
+  128+N  a second stop signal N arrived while the first was being honoured
+  1    a bug in slhub or a plugin (with a traceback)"""
+
+TRAIN_EXAMPLES = """examples:
+  slhub train --config examples/sl_ddp/cpu.yaml
+  slhub train --config examples/sl_ddp/cpu.yaml --set trainer.steps=500 --set optim.lr=3e-4
+  slhub train --config examples/sl_ddp/cpu.yaml --resume auto      # start, or continue a requeue
+  slhub train --config R.yaml --set trainer.output_dir=outputs/b --resume outputs/a/step_100.pt
+  OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node=2 -m slhub train --config R.yaml
+
+"""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -33,12 +53,32 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
+def _command(sub: argparse._SubParsersAction, name: str, summary: str, examples: str):
+    return sub.add_parser(
+        name,
+        help=summary,
+        description=summary[0].upper() + summary[1:] + ".",
+        epilog=examples,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="slhub", description="Supervised robot learning with plugins.")
+    parser = _Parser(
+        prog="slhub",
+        description="Supervised robot learning with plugins: train recipes on one process or "
+        "under torchrun, inspect and export checkpoints, plot runs.",
+        epilog="examples:\n  slhub train --config examples/sl_ddp/cpu.yaml\n"
+        "  slhub plot outputs/sl_ddp_cpu\n  slhub <command> --help\n\n" + EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"slhub {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    train = sub.add_parser("train", help="train a recipe (alone or under torchrun)")
-    train.add_argument("--config", required=True, help="recipe YAML file")
+    train = _command(
+        sub, "train", "train a recipe (alone or under torchrun)", TRAIN_EXAMPLES + EXIT_CODES
+    )
+    train.add_argument("--config", required=True, metavar="RECIPE.yaml", help="recipe YAML file")
     train.add_argument(
         "--set",
         dest="overrides",
@@ -50,8 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--resume",
         metavar="CKPT|auto",
-        help="continue from a checkpoint; `auto`: from output_dir/last.pt when it exists, "
-        "else start fresh (one command for the first start and every requeue)",
+        help="continue from a checkpoint (exactly: same world size, every rank's state); "
+        "`auto`: from output_dir/last.pt when it exists, else start fresh (one command for "
+        "the first start and every requeue)",
     )
     train.add_argument(
         "--allow-source-change",
@@ -65,21 +106,57 @@ def build_parser() -> argparse.ArgumentParser:
         help="move the artifacts already in output_dir into a dated superseded-* folder "
         "there (nothing is deleted) and start fresh",
     )
-    train.add_argument("--log-format", choices=("console", "json"), default="console")
+    train.add_argument(
+        "--log-format",
+        choices=("console", "json"),
+        default="console",
+        help="console: short lines and a progress bar on a terminal (default); json: one "
+        "JSON object per line with run_id, rank and step, errors included, for log pipelines",
+    )
 
-    sub.add_parser("plugins", help="list built-in and installed plugins and their hooks")
+    _command(
+        sub,
+        "plugins",
+        "list built-in and installed plugins and the hooks each implements",
+        "examples:\n  slhub plugins\n  slhub plugins | grep model\n\n" + EXIT_CODES,
+    )
 
-    inspect = sub.add_parser("inspect", help="describe a checkpoint")
-    inspect.add_argument("checkpoint", metavar="CKPT")
+    inspect = _command(
+        sub,
+        "inspect",
+        "describe a checkpoint: update, world size, recipe digest, plugins, last metrics",
+        "examples:\n  slhub inspect outputs/sl_ddp_cpu/last.pt\n\n" + EXIT_CODES,
+    )
+    inspect.add_argument("checkpoint", metavar="CKPT", help="a .pt checkpoint written by slhub")
 
-    export = sub.add_parser("export", help="export a checkpoint for inference")
-    export.add_argument("--checkpoint", required=True, metavar="CKPT")
-    export.add_argument("--out", required=True, metavar="DIR")
+    export = _command(
+        sub,
+        "export",
+        "export a checkpoint for inference",
+        "examples:\n  slhub export --checkpoint outputs/nerd_cartpole/last.pt --out exported/nerd\n"
+        "  slhub export --checkpoint C.pt --out D --plugin examples.sl_ddp.plugin:SlDdpPlugin"
+        "\n\n" + EXIT_CODES,
+    )
+    export.add_argument("--checkpoint", required=True, metavar="CKPT", help="checkpoint to read")
+    export.add_argument("--out", required=True, metavar="DIR", help="empty or new directory")
     export.add_argument(
         "--plugin",
         metavar="NAME",
         help="plugin to export with (entry-point name or package.module:object); "
         "default: the installed plugin the checkpoint names",
+    )
+
+    plot = _command(
+        sub,
+        "plot",
+        "plot a run: train loss, validation metrics and learning rate against update",
+        "examples:\n  slhub plot outputs/sl_ddp_cpu\n"
+        "  slhub plot outputs/sl_ddp_cpu --out loss.png\n\n"
+        "needs matplotlib: pip install 'slhub[plot]'\n\n" + EXIT_CODES,
+    )
+    plot.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (holds metrics.jsonl)")
+    plot.add_argument(
+        "--out", metavar="FILE.png", help="image to write (default: RUN_DIR/metrics.png)"
     )
     return parser
 
@@ -100,6 +177,7 @@ def _train(args: argparse.Namespace) -> None:
 def _plugins(_: argparse.Namespace) -> None:
     from slhub.registry import list_plugins
 
+    print(f"{'NAME':<20} {'KIND':<9} {'DISTRIBUTION':<28} HOOKS")
     for row in list_plugins():
         dist = f"{row.dist} {row.version}" if row.dist else "-"
         hooks = ", ".join(row.hooks) if row.error is None else f"BROKEN: {row.error}"
@@ -119,7 +197,20 @@ def _export(args: argparse.Namespace) -> None:
     print(f"exported {args.checkpoint} to {done.path} with {done.plugin.describe()}")
 
 
-COMMANDS = {"train": _train, "plugins": _plugins, "inspect": _inspect, "export": _export}
+def _plot(args: argparse.Namespace) -> None:
+    from slhub.plot import plot_run
+
+    plotted = plot_run(args.run_dir, args.out)
+    print(f"plotted {', '.join(plotted.series)} to {plotted.path}")
+
+
+COMMANDS = {
+    "train": _train,
+    "plugins": _plugins,
+    "inspect": _inspect,
+    "export": _export,
+    "plot": _plot,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -127,13 +218,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         COMMANDS[args.command](args)
     except SlhubError as exc:
+        from slhub.log import final_line
         from slhub.preemption import Preempted
 
+        fmt = getattr(args, "log_format", "console")
         if isinstance(exc, Preempted):
-            print(f"slhub: {exc}; resume with: {_resume_command(argv)}", file=sys.stderr)
+            message = f"{exc}; resume with: {_resume_command(argv)}"
+            print(final_line(message, fmt, event="preempted", level="warning"), file=sys.stderr)
             code = exc.exit_code
         else:
-            print(f"slhub: error: {exc}", file=sys.stderr)
+            print(final_line(str(exc), fmt), file=sys.stderr)
             code = EXIT_USAGE
         _record_for_torchrun(exc)
         return code

@@ -16,7 +16,8 @@ one model plugin (``plugin:``). Lifecycle, on every rank unless stated
 4. Every update: :func:`sample` -> :func:`objective` -> :func:`scale_loss`
    -> optimizer step -> :func:`on_commit`.
 5. Boundaries: :func:`save` (every rank), :func:`validate` (rank 0 only).
-6. Outside training: :func:`export`.
+6. Reporting: :func:`on_log` (rank 0, each metrics line), :func:`on_fit_end`.
+7. Outside training: :func:`export`.
 
 Calling order. pluggy calls the most recently registered plugin first, and the
 registry registers so that the **model plugin is called first**, then the
@@ -306,6 +307,45 @@ def validate(trainer: Trainer, model: nn.Module, step: int) -> dict[str, float] 
     :param model: the unwrapped model.
     :param step: the committed update being validated.
     :returns: ``{name: value}``, logged as ``validation/<name>``.
+    """
+
+
+# --------------------------------------------------------------------------
+# Reporting
+# --------------------------------------------------------------------------
+
+
+@hookspec
+def on_log(trainer: Trainer, step: int, metrics: dict[str, Any]) -> None:
+    """Receive each line rank 0 appends to metrics.jsonl: the place for loggers.
+
+    Called on rank 0 only, every plugin, right after the line is written: once
+    per update (``train/...`` keys) and once per validation (``validation/...``
+    keys). The metrics history is the source of truth; a logger (TensorBoard,
+    W&B, CSV, a progress display) mirrors it. After a resume the first line has
+    ``step`` = the checkpoint's update + 1, so a logger that had written past
+    that point (a crash between checkpoints) should drop what it had from
+    ``step`` on. Must not call collectives. An exception is held and fails every
+    rank at the next agreement.
+
+    :param trainer: rank 0's :class:`Trainer`.
+    :param step: the update the line belongs to.
+    :param metrics: the line as written (do not modify it).
+    """
+
+
+@hookspec
+def on_fit_end(trainer: Trainer, status: str) -> None:
+    """Training stopped on this rank: release files, terminals, connections.
+
+    Called on every rank, every plugin, once, after the last update and its
+    checkpoint, whether the run finished (``status`` ``"done"``), was
+    preempted (``"preempted"``) or failed (``"failed"``). Must not call
+    collectives (after a failure the other ranks may be gone). An exception is
+    logged and does not change how the run ends.
+
+    :param trainer: this rank's :class:`Trainer`.
+    :param status: ``"done"``, ``"preempted"`` or ``"failed"``.
     """
 
 

@@ -1,42 +1,88 @@
-"""structlog configuration: a readable console for people, JSON lines for pipelines.
+"""structlog configuration: a compact console for people, JSON lines for pipelines.
 
-Every event carries ``run_id``, ``rank``, ``world_size`` and (during training)
-``step`` through structlog's context variables. Rank 0 logs at INFO; other
-ranks log warnings and errors only, so a torchrun console is not N copies.
+JSON lines carry everything on every event: ``run_id``, ``rank``,
+``world_size``, ``step`` (null before training), ``level`` and ``timestamp``.
+The console says the run's identity once, in the ``start`` event, and then keeps
+each line short: the time, the event, ``step`` and the event's own fields, with
+floats at 4 significant digits (the exact values are in metrics.jsonl). Rank 0
+logs at INFO; other ranks log warnings and errors only (their console lines
+name the rank), so a torchrun console is not N copies.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
+from collections.abc import Callable, MutableMapping
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import structlog
 
 FORMATS = ("console", "json")
 
+#: Context every JSON event carries and the console prints only in ``start``.
+IDENTITY_KEYS = ("run_id", "world_size")
+
+_format = "console"
+#: Wraps every console write while a progress bar is shown (it clears and redraws the bar).
+_write_wrapper: Callable[..., AbstractContextManager] | None = None
+
+
+class _StderrLogger:
+    """structlog's print logger, but writing around a progress bar when one is shown."""
+
+    def msg(self, message: str) -> None:
+        wrapper = _write_wrapper
+        with wrapper(file=sys.stderr) if wrapper is not None else nullcontext():
+            print(message, file=sys.stderr, flush=True)
+
+    log = debug = info = warning = warn = error = critical = exception = fatal = msg
+
+
+def set_write_wrapper(wrapper: Callable[..., AbstractContextManager] | None) -> None:
+    """Route log lines around a progress bar (``tqdm.external_write_mode``), or stop."""
+    global _write_wrapper
+    _write_wrapper = wrapper
+
 
 def configure(fmt: str = "console", rank: int = 0, world_size: int = 1) -> None:
     """Configure structlog for this process (idempotent)."""
+    global _format
+    _format = fmt
     level = logging.INFO if rank == 0 else logging.WARNING
-    renderer: Any
+    processors: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+    ]
     if fmt == "json":
-        renderer = structlog.processors.JSONRenderer()
-    else:
-        renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
-    structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
+        processors += [
+            _step_always,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
-            renderer,
-        ],
+            structlog.processors.JSONRenderer(),
+        ]
+    else:
+        processors += [
+            _compact,
+            structlog.processors.TimeStamper(fmt="%H:%M:%S", utc=False),
+            structlog.dev.ConsoleRenderer(
+                colors=sys.stderr.isatty(), pad_event_to=0, pad_level=False, sort_keys=False
+            ),
+        ]
+    structlog.configure(
+        processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=lambda *_: _StderrLogger(),
         cache_logger_on_first_use=False,
     )
     structlog.contextvars.clear_contextvars()
-    structlog.contextvars.bind_contextvars(rank=rank, world_size=world_size)
+    structlog.contextvars.bind_contextvars(rank=rank, world_size=world_size, step=None)
+
+
+def current_format() -> str:
+    """The format :func:`configure` set: ``console`` or ``json``."""
+    return _format
 
 
 def bind(**values: Any) -> None:
@@ -46,3 +92,47 @@ def bind(**values: Any) -> None:
 
 def get_logger() -> Any:
     return structlog.get_logger("slhub")
+
+
+def final_line(message: str, fmt: str, event: str = "error", level: str = "error") -> str:
+    """The CLI's last word on a failed or preempted command, in the command's log
+    format: a JSON event with the run context known so far (``run_id``, ``rank``,
+    ``step``), or one plain ``slhub: error: ...`` (``slhub: ...``) line."""
+    if fmt != "json":
+        return f"slhub: error: {message}" if level == "error" else f"slhub: {message}"
+    context = {"step": None, **structlog.contextvars.get_contextvars()}
+    return json.dumps({"event": event, "level": level, "message": message, **context})
+
+
+def significant(value: float, digits: int = 4) -> str:
+    """``value`` at ``digits`` significant digits, without a trailing exponent for
+    ordinary magnitudes (0.0001234 stays readable, 1.2e-07 does not pretend)."""
+    return f"{value:.{digits}g}"
+
+
+def _step_always(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    event.setdefault("step", None)
+    return event
+
+
+def _compact(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """Console only: identity once, the rank only where it is not 0, ``step`` first
+    (as ``step/total`` when the event has a total), no empty fields, floats at 4
+    significant digits."""
+    if event.get("event") != "start":
+        for key in IDENTITY_KEYS:
+            event.pop(key, None)
+    if event.get("rank") == 0:
+        event.pop("rank", None)
+    step, total = event.pop("step", None), event.pop("total", None)
+    head = {k: event.pop(k) for k in ("timestamp", "level", "event") if k in event}
+    if step is not None:
+        head["step"] = f"{step}/{total}" if total is not None else step
+    elif total is not None:
+        head["total"] = total
+    for key, value in event.items():
+        if value is not None:
+            head[key] = significant(value) if isinstance(value, float) else value
+    event.clear()
+    event.update(head)
+    return event

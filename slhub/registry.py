@@ -39,6 +39,7 @@ BUILTINS: tuple[str, ...] = (
     "slhub.builtin.optimization",
     "slhub.builtin.rank0_validation",
     "slhub.builtin.recovery",
+    "slhub.builtin.progress",
 )
 
 MODEL, EXTRA = "model", "extra"
@@ -90,8 +91,16 @@ def new_manager() -> pluggy.PluginManager:
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
     for module_name in BUILTINS:
-        _register(pm, importlib.import_module(module_name), module_name)
+        _register(pm, builtin_plugin(module_name), module_name)
     return pm
+
+
+def builtin_plugin(module_name: str) -> Any:
+    """A built-in plugin: its module, or a fresh ``module.Plugin()`` for one that keeps
+    per-run state (so two runs in one process share nothing)."""
+    module = importlib.import_module(module_name)
+    factory = getattr(module, "Plugin", None)
+    return factory() if factory is not None else module
 
 
 def _register(pm: pluggy.PluginManager, plugin: Any, name: str, source: PluginSource | None = None):
@@ -277,7 +286,7 @@ def list_plugins() -> list[PluginListing]:
             dist="slhub",
             version=__version__,
             kind="built-in",
-            hooks=implemented_hooks(importlib.import_module(m)),
+            hooks=implemented_hooks(builtin_plugin(m)),
         )
         for m in BUILTINS
     ]

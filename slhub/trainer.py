@@ -16,14 +16,15 @@
                           (accumulating: scale_loss(result, world_size), then grad *= N/total)
         if agreed.total_weight > 0: clip the gradient norm; optimizer.step()  # else skipped
         schedule.step()                                   # every update, skipped ones too
-        on_commit(...); rank 0 appends the metrics line (train/loss, train/lr, ...)
+        on_commit(...); rank 0 appends the metrics line (train/loss, train/lr, ...), on_log
         if boundary: committed = gather every rank's save() state      # collective, all ranks
-        if validation step and rank 0: validate(...)       # errors held for the next agree
+        if validation step and rank 0: validate(...), metrics line, on_log  # errors held
         if save step and rank 0: write committed    # even if validation failed; errors held
         if agreed.stop: save this update (as at a save step) and leave the loop
     final agree(): surfaces an error held from the last boundary
     if stopped before the last update: every rank raises Preempted (exit status 75;
                                        resume with --resume auto); at the last one: done
+    on_fit_end(status)                         # every rank: "done", "preempted" or "failed"
 
 DDP wraps the objective computation (model + loss), never ``loop.model``, which
 stays the original module for validation, saving and export. The loop is what
@@ -197,6 +198,7 @@ class Loop:
                     broadcast_buffers=False,
                 )
         stopped_at = None
+        status = "failed"
         try:
             for step in range(self.step + 1, self.config.steps + 1):
                 stop = self._update(step)
@@ -205,8 +207,10 @@ class Loop:
                     stopped_at = step
                     break
             self._agree_final()
+            status = "done" if stopped_at is None else "preempted"
         finally:
             self._ddp = None  # drop the wrapper before the process group goes away
+            self._end(status)
         if stopped_at is not None:
             if self.stop_signals is not None:
                 self.stop_signals.done = True
@@ -215,6 +219,12 @@ class Loop:
                 f"and last.pt in {self.output_dir}",
                 step=stopped_at,
             )
+
+    def _end(self, status: str) -> None:
+        try:
+            self.hook.on_fit_end(trainer=self, status=status)
+        except Exception as exc:  # noqa: BLE001 - the run's outcome is already decided
+            LOG.error("on_fit_end failed", error=f"{exc.__class__.__name__}: {exc}")
 
     def _update(self, step: int) -> bool:
         """One update under the protocol; True when the run was asked to stop after it."""
@@ -348,10 +358,7 @@ class Loop:
             metrics.update({f"train/{k}": _scalar(v) for k, v in result.metrics.items()})
             self.hook.on_commit(trainer=self, step=step, result=result, metrics=metrics)
             if self.is_main:
-                assert self.metrics is not None
-                self.metrics.append(metrics)
-                if step == 1 or step % max(1, self.config.steps // 10) == 0:
-                    LOG.info("update", loss=metrics["train/loss"], weight=total)
+                self._log_line(metrics)
         except Exception as exc:  # noqa: BLE001 - held for the next agreement
             LOG.error("commit failed", error=str(exc))
             self._held = ("commit", exc)
@@ -397,9 +404,14 @@ class Loop:
             if part:
                 merged.update({f"validation/{k}": _scalar(v) for k, v in part.items()})
         if merged:
-            assert self.metrics is not None
-            self.metrics.append({"step": step, **merged})
             LOG.info("validation", **{k.split("/", 1)[1]: v for k, v in merged.items()})
+            self._log_line({"step": step, **merged})
+
+    def _log_line(self, line: dict[str, Any]) -> None:
+        """Rank 0: append a metrics line, then hand it to the loggers (``on_log``)."""
+        assert self.metrics is not None
+        self.metrics.append(line)
+        self.hook.on_log(trainer=self, step=line["step"], metrics=line)
 
     def _agree_final(self) -> None:
         failure, self._held = self._held, None
@@ -459,7 +471,7 @@ class Loop:
         checkpoint.save_checkpoint(ckpt, path, self.output_dir / "last.pt")
         if self.metrics is not None:
             self.metrics.sync()
-        LOG.info("checkpoint", path=str(path))
+        LOG.info("checkpoint", file=name)
         return path
 
 

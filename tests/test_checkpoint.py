@@ -175,7 +175,7 @@ def test_json_logs_carry_run_identity(tmp_path: Path):
     assert proc.returncode == 0, proc.stderr
     events = [json.loads(line) for line in proc.stderr.splitlines()]
     run_id = json.loads((out / "run.json").read_text())["run_id"]
-    updates = [e for e in events if e["event"] == "update"]
+    updates = [e for e in events if e["event"] == "progress"]
     assert updates and all(
         e["run_id"] == run_id and e["rank"] == 0 and e["world_size"] == 1 and "step" in e
         for e in updates

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from conftest import REPO, SL_DDP, load, metrics_of, one_line_error, run_cli
-from slhub import hookspecs, train
-from slhub.errors import PluginError, RankFailure, RecipeError
+from slhub import hookimpl, hookspecs, train
+from slhub.errors import PluginError, RankFailure, RecipeError, SlhubError
 from slhub.testing import check_resume_exact, sampler_generator
 
 SPECS = sorted(n for n in dir(hookspecs) if hasattr(getattr(hookspecs, n), "slhub_spec"))
@@ -31,7 +31,7 @@ def test_every_hookspec_is_documented(name: str):
     for param in inspect.signature(spec).parameters:
         assert f":param {param}:" in doc, f"{name} does not document {param}"
         assert inspect.signature(spec).parameters[param].default is inspect.Parameter.empty
-    if name not in ("on_commit", "restore"):
+    if name not in ("on_commit", "restore", "on_log", "on_fit_end"):
         assert ":returns:" in doc, name
     if spec.slhub_spec.get("firstresult"):
         assert "Stops at the first non-None result" in doc, name
@@ -120,6 +120,58 @@ def test_hook_on_commit(tmp_path: Path):
     out = _run(tmp_path, "slhub_testplugins:HookProbe", *SHORT)
     commits = [m["train/probe_commits"] for m in metrics_of(out) if "train/loss" in m]
     assert commits == [1, 2, 3, 4]
+
+
+class _Reporter:
+    """An extra plugin recording what the reporting hooks receive."""
+
+    def __init__(self, fail_at: int | None = None, fail_at_end: bool = False) -> None:
+        self.lines: list[dict] = []
+        self.ends: list[str] = []
+        self.fail_at, self.fail_at_end = fail_at, fail_at_end
+
+    @hookimpl
+    def on_log(self, trainer, step, metrics):
+        assert trainer.is_main and step == metrics["step"]
+        self.lines.append(dict(metrics))
+        if step == self.fail_at:
+            raise RuntimeError("logger lost its connection")
+
+    @hookimpl
+    def on_fit_end(self, trainer, status):
+        self.ends.append(status)
+        if self.fail_at_end:
+            raise RuntimeError("cannot close")
+
+
+def test_hook_on_log(tmp_path: Path):
+    reporter = _Reporter()
+    out = tmp_path / "out"
+    train(str(SL_DDP), [*SHORT, f"trainer.output_dir={out}"], plugins=[reporter])
+    # every metrics line, in order, exactly as written
+    assert reporter.lines == metrics_of(out)
+    assert [line["step"] for line in reporter.lines] == [1, 2, 2, 3, 4, 4]
+
+    failing = _Reporter(fail_at=3)
+    with pytest.raises(RankFailure, match="logger lost its connection"):
+        train(str(SL_DDP), [*SHORT, f"trainer.output_dir={tmp_path / 'f'}"], plugins=[failing])
+    assert failing.ends == ["failed"]
+
+
+def test_hook_on_fit_end(tmp_path: Path, monkeypatch):
+    from slhub.testing import STOP_AT_ENV, StopAt
+
+    done = _Reporter(fail_at_end=True)  # its error is logged, the run still succeeds
+    train(str(SL_DDP), [*SHORT, f"trainer.output_dir={tmp_path / 'd'}"], plugins=[done])
+    assert done.ends == ["done"]
+    assert load(tmp_path / "d" / "last.pt")["step"] == 4
+
+    monkeypatch.setenv(STOP_AT_ENV, "3")
+    stopped = _Reporter()
+    with pytest.raises(SlhubError, match="stop signal at update 3"):
+        train(str(SL_DDP), [*SHORT, f"trainer.output_dir={tmp_path / 's'}"],
+              plugins=[stopped, StopAt()])  # fmt: skip
+    assert stopped.ends == ["preempted"]
 
 
 def test_hook_validate(tmp_path: Path, monkeypatch):

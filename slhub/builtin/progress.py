@@ -1,0 +1,128 @@
+"""Progress on rank 0: a tqdm bar on a terminal, a ``progress`` log event elsewhere.
+
+A person at a terminal sees updates done/total, updates per second, the ETA,
+the last training loss and the last validation metric on one bar that the log
+lines scroll past. When stderr is not a terminal (a batch job's log file, a
+pipe) or the log format is JSON, a bar would be noise, so the same fields go
+out as a ``progress`` event at the first update, every :data:`PERIOD_S`
+seconds and at the last update. Both read the metrics lines rank 0 writes
+(``on_log``), so they cost nothing on the other ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+from slhub import hookimpl, log
+
+#: Seconds between two ``progress`` events when there is no bar.
+PERIOD_S = 10.0
+#: Seconds between two refreshes of the bar's loss and validation fields.
+POSTFIX_PERIOD_S = 0.5
+
+LOG = log.get_logger()
+
+
+def bar_wanted() -> bool:
+    """A bar only for people: console format on a terminal."""
+    return log.current_format() == "console" and sys.stderr.isatty()
+
+
+class Plugin:
+    """One run's progress display (the registry makes a fresh one per run)."""
+
+    def __init__(self) -> None:
+        self._bar: Any = None
+        self._events = False
+        self._started: tuple[float, int] | None = None  # (time, step) of the first update
+        self._last_event = 0.0
+        self._last_postfix = 0.0
+        self._loss: float | None = None
+        self._validation: tuple[str, float] | None = None
+
+    @hookimpl(trylast=True)
+    def on_log(self, trainer: Any, step: int, metrics: dict[str, Any]) -> None:
+        if "train/loss" not in metrics:  # a validation line
+            for key, value in metrics.items():
+                if key.startswith("validation/") and isinstance(value, (int, float)):
+                    self._validation = (key.split("/", 1)[1], float(value))
+                    break
+            if self._bar is not None:
+                self._bar.set_postfix_str(self._fields_text(), refresh=False)
+            return
+        if metrics["train/loss"] is not None:
+            self._loss = metrics["train/loss"]
+        now = time.monotonic()
+        total = trainer.config.steps
+        if self._started is None:
+            self._start(now, step, total)
+        if self._bar is not None:
+            self._bar.update(step - self._bar.n)
+            if now - self._last_postfix >= POSTFIX_PERIOD_S or step == total:
+                self._bar.set_postfix_str(self._fields_text(), refresh=step == total)
+                self._last_postfix = now
+        elif self._events and (
+            now - self._last_event >= PERIOD_S or step == total or step == self._started[1]
+        ):
+            self._last_event = now
+            LOG.info("progress", **self._fields(now, step, total))
+
+    @hookimpl(trylast=True)
+    def on_fit_end(self, trainer: Any, status: str) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+            log.set_write_wrapper(None)
+
+    def _start(self, now: float, step: int, total: int) -> None:
+        self._started = (now, step - 1)
+        if bar_wanted():
+            from tqdm import tqdm
+
+            self._bar = tqdm(
+                total=total,
+                initial=step - 1,
+                desc="train",
+                unit="upd",
+                file=sys.stderr,
+                dynamic_ncols=_terminal_columns() > 0,
+                ncols=None if _terminal_columns() > 0 else 100,
+                leave=True,
+            )
+            log.set_write_wrapper(tqdm.external_write_mode)
+        else:
+            self._events = True
+
+    def _fields(self, now: float, step: int, total: int) -> dict[str, Any]:
+        assert self._started is not None
+        began, first = self._started
+        elapsed = now - began
+        rate = (step - first) / elapsed if elapsed > 0 else None
+        fields: dict[str, Any] = {"total": total}
+        fields["rate"] = rate
+        fields["eta_s"] = (total - step) / rate if rate else None
+        fields["loss"] = self._loss
+        if self._validation is not None:
+            name, value = self._validation
+            fields[f"val_{name}"] = value
+        return fields
+
+    def _fields_text(self) -> str:
+        parts = []
+        if self._loss is not None:
+            parts.append(f"loss={log.significant(self._loss)}")
+        if self._validation is not None:
+            name, value = self._validation
+            parts.append(f"val_{name}={log.significant(value)}")
+        return ", ".join(parts)
+
+
+def _terminal_columns() -> int:
+    """stderr's width; 0 for a terminal that reports none (a bare pseudo-terminal)."""
+    try:
+        return os.get_terminal_size(sys.stderr.fileno()).columns
+    except (OSError, ValueError):
+        return 0

@@ -1,0 +1,106 @@
+"""``slhub plot RUN_DIR``: a run's train loss, validation metrics and learning rate.
+
+It reads the *effective* metrics history (slhub.artifacts.read_metrics: updates
+redone after a resume replace the first attempt's) and marks every resume with a
+dashed line, so a plot of a preempted and requeued run looks like the
+uninterrupted run plus where it restarted. matplotlib is an optional extra
+(``pip install 'slhub[plot]'``); the figure is drawn without pyplot, so no
+display or global state is touched. The series drawn are returned and also
+written into the PNG's text metadata (key :data:`METADATA_KEY`), so what a
+picture shows can be checked without reading pixels.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slhub.artifacts import METRICS_FILE, RESUME_EVENT, read_metrics
+from slhub.errors import SlhubError
+
+METADATA_KEY = "slhub-series"
+DEFAULT_NAME = "metrics.png"
+
+
+@dataclass
+class Plotted:
+    """What ``plot_run`` drew: each series as ``(updates, values)``, and the resumes."""
+
+    path: Path
+    series: dict[str, tuple[list[int], list[float]]] = field(default_factory=dict)
+    resumed_at: list[int] = field(default_factory=list)
+
+
+def collect(run_dir: Path) -> tuple[dict[str, tuple[list[int], list[float]]], list[int]]:
+    """The series to plot (train/loss, every validation/*, train/lr) and the resume
+    updates, from the run directory's effective metrics history."""
+    path = run_dir / METRICS_FILE
+    if not path.is_file():
+        raise SlhubError(f"{run_dir} holds no {METRICS_FILE}: not a run directory")
+    series: dict[str, tuple[list[int], list[float]]] = {}
+    resumed_at: list[int] = []
+    for record in read_metrics(path, markers=True):
+        step = record.get("step")
+        if record.get("event") == RESUME_EVENT:
+            resumed_at.append(int(step))
+            continue
+        for key, value in record.items():
+            wanted = key in ("train/loss", "train/lr") or key.startswith("validation/")
+            if wanted and isinstance(value, (int, float)) and not isinstance(value, bool):
+                steps, values = series.setdefault(key, ([], []))
+                steps.append(int(step))
+                values.append(float(value))
+    if not series:
+        raise SlhubError(f"{path} has no train/loss, validation or lr values to plot")
+    return series, resumed_at
+
+
+def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Plotted:
+    """Draw the run's metrics into ``out`` (default ``RUN_DIR/metrics.png``)."""
+    run_dir = Path(run_dir)
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise SlhubError("slhub plot needs matplotlib: pip install 'slhub[plot]'") from None
+    series, resumed_at = collect(run_dir)
+    panels = [("train loss", ["train/loss"], True)]
+    validation = sorted(k for k in series if k.startswith("validation/"))
+    panels += [(k.split("/", 1)[1], [k], True) for k in validation]
+    panels.append(("learning rate", ["train/lr"], False))
+    panels = [p for p in panels if any(k in series for k in p[1])]
+
+    figure = Figure(figsize=(7, 2.2 * len(panels)), layout="constrained")
+    axes = figure.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+    drawn = Plotted(path=Path(out) if out is not None else run_dir / DEFAULT_NAME)
+    for ax, (title, keys, log_scale) in zip(axes, panels):
+        for key in keys:
+            steps, values = series[key]
+            (line,) = ax.plot(steps, values, marker="o" if len(steps) < 30 else None, label=key)
+            drawn.series[key] = (
+                [int(x) for x in line.get_xdata()],
+                [float(y) for y in line.get_ydata()],
+            )
+            if log_scale and all(v > 0 for v in values):
+                ax.set_yscale("log")
+        for step in resumed_at:
+            ax.axvline(step, color="grey", linestyle="--", linewidth=1)
+        ax.set_ylabel(title)
+        ax.grid(True, alpha=0.3)
+    drawn.resumed_at = list(resumed_at)
+    if resumed_at:
+        axes[0].set_title(f"resumed at update {', '.join(map(str, resumed_at))} (dashed)")
+    axes[-1].set_xlabel("update")
+    drawn.path.parent.mkdir(parents=True, exist_ok=True)
+    metadata = {METADATA_KEY: json.dumps({"series": drawn.series, "resumed_at": resumed_at})}
+    try:
+        figure.savefig(drawn.path, dpi=100, metadata=_png_only(drawn.path, metadata))
+    except (OSError, ValueError) as exc:
+        raise SlhubError(f"cannot write {drawn.path}: {exc}") from None
+    return drawn
+
+
+def _png_only(path: Path, metadata: dict[str, Any]) -> dict[str, Any] | None:
+    """Text metadata is a PNG feature; other formats get none."""
+    return metadata if path.suffix.lower() == ".png" else None
