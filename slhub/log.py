@@ -119,9 +119,9 @@ def _compact(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping
     """Console only: identity once, the rank only where it is not 0, ``step`` first
     (as ``step/total`` when the event has a total), no empty fields, floats at 4
     significant digits."""
-    if event.get("event") != "start":
-        for key in IDENTITY_KEYS:
-            event.pop(key, None)
+    identity = {key: event.pop(key) for key in IDENTITY_KEYS if key in event}
+    if event.get("event") == "start":
+        event.update(identity)  # at the end, in a fixed order
     if event.get("rank") == 0:
         event.pop("rank", None)
     step, total = event.pop("step", None), event.pop("total", None)

@@ -90,6 +90,17 @@ def test_default_console_lines_are_short_and_say_the_identity_once(tmp_path: Pat
     assert len(validation) == 4 and re.search(r"step=200 mse=\d\.\d{1,4}$", validation[-1])
     # 4 significant digits, never 17
     assert not re.search(r"\d\.\d{5,}", proc.stderr), proc.stderr
+    # README shows what the console looks like: the same lines, up to numbers and paths
+    readme = (REPO / "README.md").read_text().split("## What a run looks like", 1)[1]
+    shown = readme.split("```\n", 2)[1].splitlines()
+    assert [_shape(line) for line in shown] == [_shape(line) for line in lines]
+
+
+def _shape(line: str) -> str:
+    """A console line with its times, numbers, ids and recipe path masked."""
+    line = re.sub(r"run_id=[0-9a-f]{32}", "run_id=ID", line)
+    line = re.sub(r"path=\S+", "path=P", line)
+    return re.sub(r"\d+(\.\d+)?(e[+-]?\d+)?", "N", line)
 
 
 def test_every_json_line_parses_and_has_a_step(tmp_path: Path):
