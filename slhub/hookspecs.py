@@ -87,6 +87,9 @@ class Trainer(Protocol):
     step: int
     #: The run directory (only rank 0 writes into it).
     output_dir: Path
+    #: The run's id (run.json), the same on every rank and across every resume in
+    #: place (a logger's stable id); None until training starts.
+    run_id: str | None
     #: The original, unwrapped model (after ``build_model``).
     model: nn.Module
     #: The optimizer stepping ``model``'s parameters (read its ``param_groups`` for the lr).

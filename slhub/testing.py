@@ -108,6 +108,7 @@ class StandInTrainer:
         self.world_size = world_size
         self.step = step
         self.output_dir = Path(self.config.output_dir)
+        self.run_id: str | None = "stand-in"
         self.generator = sampler_generator(self.config.seed, rank)
         self.model: nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None

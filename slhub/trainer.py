@@ -96,6 +96,7 @@ class Loop:
         #: Set by the bootstrap before :meth:`fit`: the identity checkpoints carry
         #: and, on rank 0, the metrics log.
         self.identity: dict[str, Any] | None = None
+        self.run_id: str | None = None
         self.metrics: MetricsLog | None = None
         #: Set by the bootstrap: the stop signals whose arrival ends the run at an update.
         self.stop_signals: StopSignals | None = None

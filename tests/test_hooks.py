@@ -4,6 +4,7 @@ by a ``test_hook_<name>`` below, each exercising the hook through a real trainin
 from __future__ import annotations
 
 import inspect
+import json
 import re
 import sys
 from pathlib import Path
@@ -133,6 +134,7 @@ class _Reporter:
     @hookimpl
     def on_log(self, trainer, step, metrics):
         assert trainer.is_main and step == metrics["step"]
+        assert trainer.run_id == json.loads((trainer.output_dir / "run.json").read_text())["run_id"]
         self.lines.append(dict(metrics))
         if step == self.fail_at:
             raise RuntimeError("logger lost its connection")

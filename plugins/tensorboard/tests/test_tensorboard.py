@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 import slhub
-from slhub import SlhubError, hookimpl
-from slhub.artifacts import METRICS_FILE, read_metrics
+from slhub import SlhubError, hookimpl, read_metrics
 from slhub.testing import STOP_AT_ENV, StandInTrainer, hooks_of
 from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
 from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
@@ -86,7 +85,7 @@ def logged(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
 def expected(run: Path) -> dict[str, list[tuple[int, float]]]:
     """What the run's metrics history says TensorBoard should show."""
     series: dict[str, list[tuple[int, float]]] = {}
-    for line in read_metrics(run / METRICS_FILE):
+    for line in read_metrics(run / "metrics.jsonl"):
         for tag, value in scalars(line).items():
             series.setdefault(tag, []).append((line["step"], f32(value)))
     return {tag: sorted(points) for tag, points in series.items()}
