@@ -20,6 +20,7 @@ ever chooses code to import.
 
 from __future__ import annotations
 
+import copyreg
 import hashlib
 import io
 import os
@@ -106,13 +107,50 @@ def gather_rank_states(
     payload: bytes | None
     error: BaseException | None = None
     try:
-        payload = pickle.dumps(local_state())
+        payload = pack_state(local_state())
     except Exception as exc:  # noqa: BLE001 - returned, held for the next agreement
         error, payload = exc, None
     gathered = distributed.gather_to_rank0(payload)
     if gathered is None or any(entry is None for entry in gathered):
         return None, error
     return [pickle.loads(entry) for entry in gathered], error
+
+
+def pack_state(state: Any) -> bytes:
+    """Pickle one rank's state, with plain CPU tensors as their raw bytes.
+
+    Plain pickle stores each tensor by running ``torch.save`` on its storage (and
+    ``torch.load`` to read it back): about 0.3 ms per small tensor, so a rank's RNG
+    and sampler states cost most of a millisecond at every boundary. Values, dtype
+    and shape survive; storage sharing between tensors does not, which a checkpoint
+    (written with ``torch.save`` afterwards) does not need either. Other tensors
+    (requiring grad, not on the CPU, quantized, subclasses) pickle as usual.
+    """
+    buffer = io.BytesIO()
+    pickler = pickle.Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)
+    pickler.dispatch_table = {**copyreg.dispatch_table, torch.Tensor: _reduce_tensor}
+    pickler.dump(state)
+    return buffer.getvalue()
+
+
+def _reduce_tensor(tensor: torch.Tensor) -> tuple:
+    if (
+        tensor.device.type != "cpu"
+        or tensor.layout != torch.strided
+        or tensor.requires_grad
+        or tensor.is_quantized
+        or tensor.is_conj()
+        or tensor.is_neg()
+    ):
+        return tensor.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+    raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    return _tensor_from_bytes, (raw, tensor.dtype, tuple(tensor.shape))
+
+
+def _tensor_from_bytes(raw: bytes, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    if not raw:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(bytearray(raw), dtype=dtype).reshape(shape)
 
 
 def serialize(checkpoint: dict[str, Any]) -> bytes:

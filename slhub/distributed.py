@@ -152,6 +152,10 @@ def agree(
     (benchmarks/gloo_allreduce_sizes.py).
     """
     failed = failure_phase is not None
+    if not dist.is_initialized():  # one process: the same sums, without a tensor
+        if failed:
+            return Agreement(math.nan, math.nan, ((0, failure_phase),))
+        return Agreement(float(weight), float(weighted_loss), (), stop=stop)
     buf = torch.tensor(
         [math.nan if failed else weight, 0.0 if failed else (math.inf if stop else weighted_loss)],
         dtype=torch.float64,

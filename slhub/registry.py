@@ -86,6 +86,49 @@ class Plugins:
         return [source.to_dict() for source in self.sources]
 
 
+def direct_caller(pm: pluggy.PluginManager, name: str) -> Any:
+    """A callable equivalent to ``pm.hook.<name>(**kwargs)`` for the plugins registered now,
+    without pluggy's per-call machinery (the loop calls a few hooks every update).
+
+    Pluggy calls the implementations last-registered first, each with the arguments it
+    names, collects the non-None results (the first one for a *firstresult* hook) and
+    lets an exception propagate; so does this. A hook with a wrapper implementation, or
+    a manager whose calls are traced or monitored, keeps pluggy's own caller. Build it
+    again after the plugins change.
+    """
+    caller = getattr(pm.hook, name)
+    impls = caller.get_hookimpls()
+    plain = getattr(getattr(pluggy, "_callers", None), "_multicall", None)
+    traced = plain is None or getattr(pm, "_inner_hookexec", None) is not plain
+    if traced or any(impl.hookwrapper or impl.wrapper for impl in impls):
+        return caller
+    firstresult = bool(caller.spec is not None and caller.spec.opts.get("firstresult"))
+    order = tuple((impl.function, tuple(impl.argnames)) for impl in reversed(impls))
+    if firstresult and len(order) == 1:
+        function, argnames = order[0]
+        return lambda **kwargs: function(*[kwargs[arg] for arg in argnames])
+    if firstresult:
+
+        def first(**kwargs: Any) -> Any:
+            for function, argnames in order:
+                result = function(*[kwargs[arg] for arg in argnames])
+                if result is not None:
+                    return result
+            return None
+
+        return first
+
+    def collect(**kwargs: Any) -> list[Any]:
+        results = []
+        for function, argnames in order:
+            result = function(*[kwargs[arg] for arg in argnames])
+            if result is not None:
+                results.append(result)
+        return results
+
+    return collect
+
+
 def new_manager() -> pluggy.PluginManager:
     """A plugin manager holding the hookspecs and the built-in plugins."""
     pm = pluggy.PluginManager(hookspecs.PROJECT)

@@ -50,7 +50,7 @@ from slhub.hookspecs import LossResult
 from slhub.optim import MixedPrecision
 from slhub.preemption import Preempted, StopSignals
 from slhub.recipe import Recipe
-from slhub.registry import Plugins
+from slhub.registry import Plugins, direct_caller
 
 LOG = log.get_logger()
 
@@ -70,7 +70,7 @@ class _Objective(nn.Module):
 
     def forward(self, batch: Any, step: int) -> LossResult:
         loop = self._loop[0]
-        result = loop.hook.objective(trainer=loop, model=self.model, batch=batch, step=step)
+        result = loop.calls.objective(trainer=loop, model=self.model, batch=batch, step=step)
         if not isinstance(result, LossResult):
             raise PluginError(
                 f"objective returned {type(result).__name__}, expected slhub.LossResult"
@@ -121,6 +121,7 @@ class Loop:
         self._objective = _Objective(self.model, self)
         self._ddp: DistributedDataParallel | None = None
         self._buckets_rebuilt = False
+        self.calls = _Calls(plugins)
 
     def _configure_optimizers(self):
         built = self.hook.configure_optimizers(trainer=self, model=self.model)
@@ -198,6 +199,7 @@ class Loop:
                     device_ids=[self.device.index] if self.device.type == "cuda" else None,
                     broadcast_buffers=False,
                 )
+        self.calls = _Calls(self.plugins)  # the plugins registered now, for the whole run
         stopped_at = None
         status = "failed"
         try:
@@ -263,12 +265,15 @@ class Loop:
             for micro in range(count):
                 final = micro == count - 1
                 phase = "sampling"
-                batch = self.hook.sample(trainer=self, generator=self.generator, step=step)
+                batch = self.calls.sample(trainer=self, generator=self.generator, step=step)
                 if batch is None:
                     raise PluginError("no plugin implements sample")
                 phase = "objective"
                 with self._sync(final), self.precision.autocast():
-                    result = (self._ddp or self._objective)(batch, step)
+                    if self._ddp is not None:
+                        result = self._ddp(batch, step)
+                    else:  # no wrapper: skip nn.Module's call machinery on the hot path
+                        result = self._objective.forward(batch, step)
                 weight = float(result.weight)
                 if not distributed.finite(weight) or weight < 0:
                     raise ValueError(f"LossResult.weight must be finite and >= 0, got {weight}")
@@ -303,7 +308,7 @@ class Loop:
         accumulating = self.config.accumulate > 1
         share = float(self.world_size) if accumulating else total
         if weight > 0 and (accumulating or (total or 0.0) > 0):
-            scaled = self.hook.scale_loss(trainer=self, result=result, total_weight=share)
+            scaled = self.calls.scale_loss(trainer=self, result=result, total_weight=share)
         else:
             scaled = self._exact_zero()
         if self.precision.scaler is not None:
@@ -315,11 +320,12 @@ class Loop:
         and the schedule (always). Returns the gradient norm when clipping is on."""
         grad_norm = None
         if total > 0:
-            params = [p for p in self.model.parameters() if p.grad is not None]
             if self.config.accumulate > 1:
-                torch._foreach_mul_([p.grad for p in params], self.world_size / total)
+                grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+                torch._foreach_mul_(grads, self.world_size / total)
             scaler = self.precision.scaler
             if self.config.grad_clip_norm is not None:
+                params = [p for p in self.model.parameters() if p.grad is not None]
                 if scaler is not None:
                     scaler.unscale_(self.optimizer)
                 norm = float(torch.nn.utils.clip_grad_norm_(params, self.config.grad_clip_norm))
@@ -357,7 +363,8 @@ class Loop:
         metrics.update({k: v for k, v in extra.items() if v is not None})
         try:
             metrics.update({f"train/{k}": _scalar(v) for k, v in result.metrics.items()})
-            self.hook.on_commit(trainer=self, step=step, result=result, metrics=metrics)
+            if self.calls.on_commit is not None:
+                self.calls.on_commit(trainer=self, step=step, result=result, metrics=metrics)
             if self.is_main:
                 self._log_line(metrics)
         except Exception as exc:  # noqa: BLE001 - held for the next agreement
@@ -412,7 +419,8 @@ class Loop:
         """Rank 0: append a metrics line, then hand it to the loggers (``on_log``)."""
         assert self.metrics is not None
         self.metrics.append(line)
-        self.hook.on_log(trainer=self, step=line["step"], metrics=line)
+        if self.calls.on_log is not None:
+            self.calls.on_log(trainer=self, step=line["step"], metrics=line)
 
     def _agree_final(self) -> None:
         failure, self._held = self._held, None
@@ -432,7 +440,7 @@ class Loop:
 
     def _local_state(self) -> dict[str, Any]:
         local: dict[str, Any] = {}
-        for part in self.hook.save(trainer=self):
+        for part in self.calls.save(trainer=self):
             for key, value in (part or {}).items():
                 if key in local:
                     raise PluginError(f"two plugins contribute checkpoint key {key!r}")
@@ -474,6 +482,24 @@ class Loop:
             self.metrics.sync()
         LOG.info("checkpoint", file=name)
         return path
+
+
+class _Calls:
+    """The hooks the loop calls every update (and at boundaries), resolved once per run
+    (:func:`slhub.registry.direct_caller`); a hook that no plugin implements is None
+    (``on_commit``, ``on_log``) and is not called."""
+
+    def __init__(self, plugins: Plugins) -> None:
+        pm = plugins.manager
+        self.sample = direct_caller(pm, "sample")
+        self.objective = direct_caller(pm, "objective")
+        self.scale_loss = direct_caller(pm, "scale_loss")
+        self.save = direct_caller(pm, "save")
+        implemented = {
+            name for name in ("on_commit", "on_log") if getattr(pm.hook, name).get_hookimpls()
+        }
+        self.on_commit = direct_caller(pm, "on_commit") if "on_commit" in implemented else None
+        self.on_log = direct_caller(pm, "on_log") if "on_log" in implemented else None
 
 
 def _scalar(value: Any) -> Any:
