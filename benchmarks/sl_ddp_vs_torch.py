@@ -1,40 +1,51 @@
-"""slhub against a hand-written torch DDP loop on the sl_ddp workload (2 Gloo workers).
+"""slhub against a hand-written torch loop and PyTorch Lightning on the sl_ddp workload.
 
-    OMP_NUM_THREADS=1 python benchmarks/sl_ddp_vs_torch.py            # 2000 updates, 3 repetitions
+    OMP_NUM_THREADS=1 python benchmarks/sl_ddp_vs_torch.py    # 1 and 2 workers, 2000 updates
     OMP_NUM_THREADS=1 python benchmarks/sl_ddp_vs_torch.py --updates 200 --repeats 1   # smoke
 
-Both contestants run the same work: the ``examples/sl_ddp`` corpus and masked,
+Three contestants run the same work: the ``examples/sl_ddp`` corpus and masked,
 weighted MSE (``make_corpus`` / ``masked_mse``), batch 32 per worker drawn with
-replacement from a per-rank generator, Adam lr 1e-3, DDP's gradient all-reduce
-plus one all-reduce per update of what the weighting and the metrics line need
-(the hand loop: weight sum and weighted loss sum), backward of
-``loss * w * world / W``, a metrics line per update on rank 0, rank-0
-validation every 50 updates and an atomic, fsynced checkpoint (model,
-optimizer, every rank's RNG states gathered to rank 0; written to step_N.pt
-and last.pt) every 100. The hand loop uses slhub's seeds, so both produce the
-same metrics and bitwise-equal final weights; the driver checks that after
-every repetition. What the hand loop leaves out is what slhub adds on top:
-failure flags in the agreement, the state gather at validation-only
-boundaries, RNG preservation around validation, plugin dispatch, logging.
+replacement from a per-rank generator, Adam lr 1e-3, one all-reduce per update
+of what the weighting and the metrics line need (weight sum and weighted loss
+sum; none on one process) besides DDP's, backward of ``loss * w * world / W``,
+a metrics line per update on rank 0, validation every 50 updates and every 100
+a checkpoint written durably (temporary file, fsync, rename) to step_N and last.
+The hand loop uses slhub's seeds, so it and slhub produce the same metrics and
+bitwise-equal final weights; the driver checks that after every repetition,
+and checks Lightning's metrics and final weights against the hand loop too.
 
-Each repetition launches ``torchrun`` once per contestant, alternating the
-order (slhub, hand, hand, slhub, ...) so drift falls on both. Measured per
-launch:
+- **hand**: a plain torch loop (DDP under torchrun with 2+ workers), rank 0
+  validates, every rank's RNG states gathered to rank 0 into the checkpoint.
+- **slhub**: ``python -m slhub train --config examples/sl_ddp/cpu.yaml`` (under
+  torchrun with 2+ workers), JSON logs; everything its step protocol adds
+  (failure agreement, per-rank state at every boundary, RNG preservation around
+  validation, plugin dispatch, the progress plugin, logging) is measured.
+- **lightning** (optional: ``pip install -e ".[bench]"``): a ``LightningModule``
+  with the same model and step, an iterable data set sampling with the same
+  generator, Lightning's own validation loop (``val_check_interval=50``) and
+  ``ModelCheckpoint(every_n_train_steps=100, save_last=True)`` through a
+  ``CheckpointIO`` that writes durably; no logger, progress bar or model
+  summary. Its checkpoints hold what Lightning saves (no per-rank RNG states).
 
-- ``wall``: the whole ``torchrun`` process tree, launch to exit (perf_counter).
+Each repetition launches every contestant once per worker count, rotating the
+order so drift falls on all. One worker is a plain ``python`` process (no
+process group); 2+ workers are ``torchrun`` with Gloo. Measured per launch:
+
+- ``wall``: the whole process tree, launch to exit (perf_counter).
 - ``CPU``: user + system CPU seconds of that tree (getrusage of the children):
   less sensitive than wall time to other load on the machine.
 - ``loop``: from the end of update 1 to the end of the last update, taken from
-  the ``update`` events rank 0 prints as JSON lines on stderr (slhub's own
-  ``--log-format json`` events, timestamped by structlog, no product change;
-  the hand loop prints the same events at the same point, after the metrics
-  line is appended). It covers updates 2..N with every validation and
-  checkpoint boundary before update N; ``update`` is ``loop / (N - 1)``.
+  events rank 0 prints as JSON lines on stderr right after the metrics line
+  (slhub: its own ``progress`` events, which it emits at the first and last
+  update; hand and Lightning print an ``update`` event at the same point). It
+  covers updates 2..N with every validation and checkpoint boundary before
+  update N; ``update`` is ``loop / (N - 1)``.
 - ``startup``: launch to the end of update 1 (interpreter, imports, process
   group, admission, model build, first update); ``teardown`` is the rest.
 
-The table shows medians over repetitions and their slhub/hand ratio; the
-ratio of each repetition's adjacent pair and the median of those follow.
+The table shows medians over repetitions and each contestant's ratio to the
+hand loop; the ratio of each repetition's slhub/hand pair and the median of
+those follow.
 """
 
 from __future__ import annotations
@@ -55,7 +66,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "examples" / "sl_ddp" / "cpu.yaml"
-DEFAULT_WORKERS = 2
 SEED = 0
 BATCH = 32
 LR = 1e-3
@@ -99,8 +109,10 @@ def hand_worker(updates: int, output_dir: Path, sampler_seeds: list[int]) -> Non
 
     from examples.sl_ddp.plugin import make_corpus, masked_mse
 
-    dist.init_process_group("gloo", timeout=dt.timedelta(seconds=600))
-    rank, world = dist.get_rank(), dist.get_world_size()
+    distributed = "WORLD_SIZE" in os.environ
+    if distributed:
+        dist.init_process_group("gloo", timeout=dt.timedelta(seconds=600))
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
 
     random.seed(SEED)
     np.random.seed(SEED)
@@ -110,7 +122,7 @@ def hand_worker(updates: int, output_dir: Path, sampler_seeds: list[int]) -> Non
     model = nn.Sequential(nn.Linear(4, 32), nn.Tanh(), nn.Linear(32, 2))
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
     generator = torch.Generator().manual_seed(sampler_seeds[rank])
-    ddp = DDP(model, broadcast_buffers=False)
+    ddp = DDP(model, broadcast_buffers=False) if distributed else model
 
     metrics = None
     if rank == 0:
@@ -124,9 +136,12 @@ def hand_worker(updates: int, output_dir: Path, sampler_seeds: list[int]) -> Non
         loss, count = masked_mse(ddp(x), y, mask)
         weight = float(count)
         loss_value = float(loss.detach())
-        sums = torch.tensor([weight, weight * loss_value], dtype=torch.float64)
-        dist.all_reduce(sums)
-        total_weight, weighted_loss = sums.tolist()
+        if distributed:
+            sums = torch.tensor([weight, weight * loss_value], dtype=torch.float64)
+            dist.all_reduce(sums)
+            total_weight, weighted_loss = sums.tolist()
+        else:
+            total_weight, weighted_loss = weight, weight * loss_value
         optimizer.zero_grad(set_to_none=True)
         (loss * (weight * world / total_weight)).backward()
         optimizer.step()
@@ -136,6 +151,7 @@ def hand_worker(updates: int, output_dir: Path, sampler_seeds: list[int]) -> Non
                 "train/loss": weighted_loss / total_weight,
                 "train/weight": total_weight,
                 "train/supervised": weight,
+                "train/lr": optimizer.param_groups[0]["lr"],
             }
             metrics.write(json.dumps(record, sort_keys=True) + "\n")
             metrics.flush()
@@ -159,7 +175,10 @@ def hand_worker(updates: int, output_dir: Path, sampler_seeds: list[int]) -> Non
                 "sampler": generator.get_state(),
             }
             ranks = [None] * world if rank == 0 else None
-            dist.gather_object(state, ranks, dst=0)
+            if distributed:
+                dist.gather_object(state, ranks, dst=0)
+            else:
+                ranks = [state]
             if rank == 0:
                 ckpt = {
                     "step": step,
@@ -177,14 +196,140 @@ def hand_worker(updates: int, output_dir: Path, sampler_seeds: list[int]) -> Non
     if metrics is not None:
         metrics.close()
     del ddp  # no DDP wrapper may outlive the process group
-    dist.barrier()
-    dist.destroy_process_group()
+    if distributed:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def lightning_worker(updates: int, output_dir: Path, sampler_seeds: list[int]) -> None:
+    """One rank of the Lightning contestant (a plain process, or one rank under torchrun)."""
+    import io
+
+    import lightning as L
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from lightning.pytorch.plugins.io import TorchCheckpointIO
+    from torch import nn
+
+    from examples.sl_ddp.plugin import make_corpus, masked_mse
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    random.seed(SEED)
+    np.random.seed(SEED)
+    torch.manual_seed(SEED)  # identical initial weights on every rank, as in the hand loop
+    x_train, y_train, m_train = make_corpus(4096, 1234)
+    x_val, y_val, m_val = make_corpus(1024, 4321)
+    log_every = max(1, updates // 10)
+
+    class Batches(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            generator = torch.Generator().manual_seed(sampler_seeds[rank])
+            while True:
+                index = torch.randint(0, x_train.shape[0], (BATCH,), generator=generator)
+                yield x_train[index], y_train[index], m_train[index]
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = nn.Sequential(nn.Linear(4, 32), nn.Tanh(), nn.Linear(32, 2))
+            self.record: dict = {}
+
+        def training_step(self, batch, batch_idx):
+            x, y, mask = batch
+            loss, count = masked_mse(self.model(x), y, mask)
+            weight = float(count)
+            loss_value = float(loss.detach())
+            if world > 1:
+                sums = torch.tensor([weight, weight * loss_value], dtype=torch.float64)
+                dist.all_reduce(sums)
+                total_weight, weighted_loss = sums.tolist()
+            else:
+                total_weight, weighted_loss = weight, weight * loss_value
+            self.record = {
+                "step": batch_idx + 1,
+                "train/loss": weighted_loss / total_weight,
+                "train/weight": total_weight,
+                "train/supervised": weight,
+                "train/lr": self.optimizers().param_groups[0]["lr"],
+            }
+            return loss * (weight * world / total_weight)
+
+        def validation_step(self, batch, batch_idx):
+            x, y, mask = batch
+            val_loss, _ = masked_mse(self.model(x), y, mask)
+            if rank == 0:
+                record = {"step": self.global_step, "validation/mse": float(val_loss)}
+                metrics.write(json.dumps(record, sort_keys=True) + "\n")
+                metrics.flush()
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=LR)
+
+    class MetricsLine(L.Callback):
+        """The metrics line and the timing event, before ModelCheckpoint (Lightning runs
+        checkpoint callbacks last)."""
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            if rank != 0:
+                return
+            metrics.write(json.dumps(module.record, sort_keys=True) + "\n")
+            metrics.flush()
+            step = batch_idx + 1
+            if step == 1 or step % log_every == 0:
+                event = {"event": "update", "step": step, "timestamp": _now()}
+                print(json.dumps(event), file=sys.stderr, flush=True)
+
+    class DurableIO(TorchCheckpointIO):
+        def save_checkpoint(self, checkpoint, path, storage_options=None):
+            buffer = io.BytesIO()
+            torch.save(checkpoint, buffer)
+            _atomic_write(buffer.getvalue(), Path(path))
+            if metrics is not None:
+                os.fsync(metrics.fileno())
+
+    metrics = None
+    if rank == 0:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        metrics = open(output_dir / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+    checkpoints = L.pytorch.callbacks.ModelCheckpoint(
+        dirpath=output_dir,
+        filename="step_{step}",
+        every_n_train_steps=SAVE_EVERY,
+        save_top_k=-1,
+        save_last=True,
+    )
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=world,
+        strategy="ddp" if world > 1 else "auto",
+        max_steps=updates,
+        max_epochs=-1,
+        val_check_interval=VALIDATE_EVERY,
+        check_val_every_n_epoch=None,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        use_distributed_sampler=False,
+        callbacks=[MetricsLine(), checkpoints],
+        plugins=[DurableIO()],
+    )
+    val = torch.utils.data.DataLoader([(x_val, y_val, m_val)], batch_size=None)
+    train = torch.utils.data.DataLoader(Batches(), batch_size=None)
+    trainer.fit(Module(), train_dataloaders=train, val_dataloaders=val)
+    if metrics is not None:
+        metrics.close()
 
 
 # ------------------------------------------------------------------- driver
 
 
-def _torchrun(workers: int, *args: str) -> list[str]:
+def _launcher(workers: int) -> list[str]:
+    """A plain interpreter for one worker (no process group); torchrun for more."""
+    if workers == 1:
+        return [sys.executable]
     return [
         sys.executable,
         "-m",
@@ -192,67 +337,73 @@ def _torchrun(workers: int, *args: str) -> list[str]:
         "--standalone",
         "--nnodes=1",
         f"--nproc-per-node={workers}",
-        *args,
     ]
 
 
 def slhub_command(updates: int, output_dir: Path, workers: int) -> list[str]:
-    return _torchrun(
-        workers,
+    sets = {
+        "output_dir": output_dir,
+        "steps": updates,
+        "batch_size": BATCH,
+        "lr": LR,
+        "seed": SEED,
+        "validate_every": VALIDATE_EVERY,
+        "save_every": SAVE_EVERY,
+    }
+    overrides = [arg for k, v in sets.items() for arg in ("--set", f"trainer.{k}={v}")]
+    return [
+        *_launcher(workers),
         "-m",
         "slhub",
         "train",
         "--config",
         str(RECIPE),
-        "--set",
-        f"trainer.output_dir={output_dir}",
-        "--set",
-        f"trainer.steps={updates}",
-        "--set",
-        f"trainer.batch_size={BATCH}",
-        "--set",
-        f"trainer.lr={LR}",
-        "--set",
-        f"trainer.seed={SEED}",
-        "--set",
-        f"trainer.validate_every={VALIDATE_EVERY}",
-        "--set",
-        f"trainer.save_every={SAVE_EVERY}",
+        *overrides,
         "--log-format",
         "json",
-    )
+    ]
 
 
-def hand_command(updates: int, output_dir: Path, workers: int) -> list[str]:
+def _worker_command(role: str, updates: int, output_dir: Path, workers: int) -> list[str]:
     from slhub.trainer import sampler_seed
 
     seeds = ",".join(str(sampler_seed(SEED, r)) for r in range(workers))
-    return _torchrun(
-        workers,
+    return [
+        *_launcher(workers),
         str(Path(__file__).resolve()),
         "--worker",
+        role,
         "--updates",
         str(updates),
         "--output-dir",
         str(output_dir),
         "--sampler-seeds",
         seeds,
-    )
+    ]
+
+
+def hand_command(updates: int, output_dir: Path, workers: int) -> list[str]:
+    return _worker_command("hand", updates, output_dir, workers)
+
+
+def lightning_command(updates: int, output_dir: Path, workers: int) -> list[str]:
+    return _worker_command("lightning", updates, output_dir, workers)
 
 
 def _update_times(stderr: str) -> dict[int, float]:
-    """Step -> POSIX time of rank 0's ``update`` events (JSON lines on stderr)."""
+    """Step -> POSIX time of rank 0's ``update`` (hand, Lightning) or ``progress`` (slhub)
+    events, JSON lines on stderr."""
     times: dict[int, float] = {}
     for line in stderr.splitlines():
-        if '"update"' not in line or not line.lstrip().startswith("{"):
+        if not line.lstrip().startswith("{") or not ('"update"' in line or '"progress"' in line):
             continue
         try:
             event = json.loads(line)
         except ValueError:
             continue
-        if event.get("event") == "update" and event.get("rank", 0) == 0:
+        if event.get("event") in ("update", "progress") and event.get("rank", 0) == 0:
             stamp = dt.datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00"))
-            times[int(event["step"])] = stamp.timestamp()
+            times.setdefault(int(event["step"]), stamp.timestamp())
     return times
 
 
@@ -271,7 +422,8 @@ def launch(name: str, command: list[str], updates: int) -> dict[str, float]:
         raise SystemExit(f"{name} run failed with exit code {proc.returncode}")
     times = _update_times(proc.stderr)
     if 1 not in times or updates not in times:
-        raise SystemExit(f"{name}: no update events for updates 1 and {updates} on stderr")
+        sys.stderr.write(proc.stderr[-4000:])
+        raise SystemExit(f"{name}: no events for updates 1 and {updates} on stderr")
     loop = times[updates] - times[1]
     startup = times[1] - started_wall
     return {
@@ -284,15 +436,25 @@ def launch(name: str, command: list[str], updates: int) -> dict[str, float]:
     }
 
 
-def same_work(slhub_dir: Path, hand_dir: Path) -> str:
-    """Compare metrics and final weights of the two runs: the work must be the same."""
+def _final_weights(folder: Path) -> dict:
+    import torch
+
+    last = folder / "last.pt"
+    if last.exists():
+        return torch.load(last, weights_only=True)["model"]
+    state = torch.load(folder / "last.ckpt", weights_only=False)["state_dict"]  # Lightning
+    return {k.removeprefix("model."): v for k, v in state.items()}
+
+
+def same_work(dir_a: Path, dir_b: Path) -> str:
+    """Compare metrics and final weights of two runs: the work must be the same."""
     import torch
 
     def lines(folder: Path) -> list[dict]:
         text = (folder / "metrics.jsonl").read_text().splitlines()
         return [json.loads(line) for line in text if line.strip()]
 
-    a, b = lines(slhub_dir), lines(hand_dir)
+    a, b = lines(dir_a), lines(dir_b)
     if len(a) != len(b):
         return f"DIFFERENT: {len(a)} vs {len(b)} metrics lines"
     worst = 0.0
@@ -301,9 +463,8 @@ def same_work(slhub_dir: Path, hand_dir: Path) -> str:
             return f"DIFFERENT: metrics line for step {ra.get('step')} has other keys"
         for key in ra:
             worst = max(worst, abs(float(ra[key]) - float(rb[key])))
-    ma = torch.load(slhub_dir / "last.pt", weights_only=True)["model"]
-    mb = torch.load(hand_dir / "last.pt", weights_only=True)["model"]
-    exact = all(torch.equal(ma[k], mb[k]) for k in ma) and set(ma) == set(mb)
+    ma, mb = _final_weights(dir_a), _final_weights(dir_b)
+    exact = set(ma) == set(mb) and all(torch.equal(ma[k], mb[k]) for k in ma)
     if not exact:
         return f"DIFFERENT final weights (max metrics difference {worst:g})"
     return f"same metrics (max difference {worst:g}) and bitwise-equal final weights"
@@ -319,21 +480,24 @@ COLUMNS = (
 )
 
 
-def _table(results: dict[str, list[dict[str, float]]]) -> list[str]:
-    """Medians over repetitions as a Markdown table, with the slhub/hand ratio row."""
+def _table(workers: int, results: dict[str, list[dict[str, float]]]) -> list[str]:
+    """Medians over repetitions as a Markdown table, each contestant's ratio to hand."""
     med = {
         name: {key: statistics.median(r[key] for r in runs) for key, _, _ in COLUMNS}
         for name, runs in results.items()
     }
+    where = "1 process" if workers == 1 else f"{workers} Gloo workers"
     lines = [
-        "| median | " + " | ".join(title for _, title, _ in COLUMNS) + " |",
+        f"| {where}, median | " + " | ".join(title for _, title, _ in COLUMNS) + " |",
         "|---|" + "---:|" * len(COLUMNS),
     ]
-    for name in ("slhub", "hand"):
+    for name in results:
         cells = " | ".join(f"{med[name][key]:.{digits}f}" for key, _, digits in COLUMNS)
         lines.append(f"| {name} | {cells} |")
-    ratios = " | ".join(f"{med['slhub'][key] / med['hand'][key]:.3f}" for key, _, _ in COLUMNS)
-    lines.append(f"| slhub/hand | {ratios} |")
+    for name in results:
+        if name != "hand":
+            ratios = " | ".join(f"{med[name][key] / med['hand'][key]:.3f}" for key, _, _ in COLUMNS)
+            lines.append(f"| {name}/hand | {ratios} |")
     return lines
 
 
@@ -350,57 +514,82 @@ def source_digest() -> str:
     return f"{package} (sources sha256 {digest.hexdigest()[:12]})"
 
 
-def run_benchmark(updates: int, repeats: int, workers: int, warmup: bool, keep: Path | None) -> int:
+def _lightning_available() -> str | None:
+    try:
+        import lightning
+    except ImportError:
+        return None
+    return lightning.__version__
+
+
+def run_benchmark(
+    updates: int,
+    repeats: int,
+    worker_counts: list[int],
+    warmup: bool,
+    keep: Path | None,
+    with_lightning: bool,
+) -> int:
     if updates < 2:
         raise SystemExit("--updates must be at least 2")
     log_every = max(1, updates // 10)
     if updates % log_every:
-        raise SystemExit(f"--updates {updates}: slhub logs update N only when N % (N // 10) == 0")
+        raise SystemExit(f"--updates {updates}: must be a multiple of {log_every} (N // 10)")
     base = keep or Path(tempfile.mkdtemp(prefix="slhub-bench-"))
     base.mkdir(parents=True, exist_ok=True)
-    commands = {"slhub": slhub_command, "hand": hand_command}
+    commands = {"hand": hand_command, "slhub": slhub_command}
+    lightning = _lightning_available() if with_lightning else None
+    if lightning is not None:
+        commands["lightning"] = lightning_command
+    import torch
+
     print(
-        f"sl_ddp: {workers} Gloo worker(s), {updates} updates, batch {BATCH}/worker, "
-        f"Adam lr {LR}, validation every {VALIDATE_EVERY}, checkpoint every {SAVE_EVERY}; "
+        f"sl_ddp: {updates} updates, batch {BATCH}/worker, Adam lr {LR}, validation every "
+        f"{VALIDATE_EVERY}, checkpoint every {SAVE_EVERY}; workers {worker_counts}; "
         f"{repeats} repetition(s); OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '1')}; "
-        f"{os.cpu_count()} CPUs; python {sys.version.split()[0]}",
+        f"{os.cpu_count()} CPUs; python {sys.version.split()[0]}; torch {torch.__version__}; "
+        f"lightning {lightning or 'not measured'}",
         flush=True,
     )
     print(f"slhub {source_digest()}", flush=True)
     print(f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
     if warmup:
-        for name, make in commands.items():
-            launch(name, make(20, base / f"warmup-{name}", workers), 20)
-    results: dict[str, list[dict[str, float]]] = {"slhub": [], "hand": []}
+        for workers in worker_counts:
+            for name, make in commands.items():
+                launch(name, make(20, base / f"warmup-{name}-{workers}", workers), 20)
+    names = list(commands)
+    results = {w: {name: [] for name in names} for w in worker_counts}
     for rep in range(repeats):
-        order = ("slhub", "hand") if rep % 2 == 0 else ("hand", "slhub")
-        for name in order:
-            out = base / f"{name}-{rep}"
-            result = launch(name, commands[name](updates, out, workers), updates)
-            results[name].append(result)
-            print(
-                f"rep {rep} {name:<5} wall {result['wall_s']:6.2f} s  "
-                f"cpu {result['cpu_s']:6.2f} s  startup {result['startup_s']:6.2f} s  "
-                f"loop {result['loop_s']:7.2f} s  "
-                f"per-update {result['per_update_ms']:7.3f} ms",
-                flush=True,
-            )
-        print(f"rep {rep} check: {same_work(base / f'slhub-{rep}', base / f'hand-{rep}')}")
+        for workers in worker_counts:
+            shift = rep % len(names)
+            for name in names[shift:] + names[:shift]:  # rotate the order every repetition
+                out = base / f"{name}-{workers}-{rep}"
+                result = launch(name, commands[name](updates, out, workers), updates)
+                results[workers][name].append(result)
+                print(
+                    f"rep {rep} workers {workers} {name:<9} wall {result['wall_s']:6.2f} s  "
+                    f"cpu {result['cpu_s']:6.2f} s  startup {result['startup_s']:6.2f} s  "
+                    f"loop {result['loop_s']:7.2f} s  "
+                    f"per-update {result['per_update_ms']:7.3f} ms",
+                    flush=True,
+                )
+            hand_dir = base / f"hand-{workers}-{rep}"
+            for name in names[1:]:
+                check = same_work(base / f"{name}-{workers}-{rep}", hand_dir)
+                print(f"rep {rep} workers {workers} check {name} vs hand: {check}", flush=True)
 
-    def median(name: str, key: str) -> float:
-        return statistics.median(r[key] for r in results[name])
-
-    print()
-    print("\n".join(_table(results)))
-    wall_ratio = median("slhub", "wall_s") / median("hand", "wall_s")
-    update_ratio = median("slhub", "per_update_ms") / median("hand", "per_update_ms")
-    print()
-    print(f"whole-process ratio slhub/hand (median): {wall_ratio:.3f}")
-    print(f"per-update ratio    slhub/hand (median): {update_ratio:.3f}")
-    for key, label in (("wall_s", "whole-process"), ("per_update_ms", "per-update")):
-        pairs = [s[key] / h[key] for s, h in zip(results["slhub"], results["hand"], strict=True)]
-        shown = " ".join(f"{r:.3f}" for r in pairs)
-        print(f"{label} ratio per repetition: {shown} (median {statistics.median(pairs):.3f})")
+    for workers in worker_counts:
+        res = results[workers]
+        print()
+        print("\n".join(_table(workers, res)))
+        for key, label in (("wall_s", "whole-process"), ("per_update_ms", "per-update")):
+            for name in names[1:]:
+                pairs = [a[key] / h[key] for a, h in zip(res[name], res["hand"], strict=True)]
+                shown = " ".join(f"{r:.3f}" for r in pairs)
+                print(
+                    f"{label} {name}/hand per repetition: {shown} "
+                    f"(median {statistics.median(pairs):.3f})"
+                )
     print(f"load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     if keep is None:
         shutil.rmtree(base, ignore_errors=True)
@@ -414,19 +603,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--updates", type=int, default=2000, help="updates per run (2000)")
     parser.add_argument("--repeats", type=int, default=3, help="launches per contestant (3)")
     parser.add_argument(
-        "--workers", type=int, default=DEFAULT_WORKERS, help="Gloo workers per launch (2)"
+        "--workers", default="1,2", help="comma-separated worker counts (1,2); 1 = no torchrun"
     )
+    parser.add_argument("--no-lightning", action="store_true", help="leave Lightning out")
     parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up runs")
     parser.add_argument("--keep", type=Path, help="write run folders here (default: a temp dir)")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=("hand", "lightning"), help=argparse.SUPPRESS)
     parser.add_argument("--output-dir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--sampler-seeds", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         seeds = [int(s) for s in args.sampler_seeds.split(",")]
-        hand_worker(args.updates, args.output_dir, seeds)
+        worker = hand_worker if args.worker == "hand" else lightning_worker
+        worker(args.updates, args.output_dir, seeds)
         return 0
-    return run_benchmark(args.updates, args.repeats, args.workers, not args.no_warmup, args.keep)
+    counts = [int(w) for w in args.workers.split(",")]
+    return run_benchmark(
+        args.updates, args.repeats, counts, not args.no_warmup, args.keep, not args.no_lightning
+    )
 
 
 if __name__ == "__main__":
