@@ -3,9 +3,10 @@
 It builds a checkpoint (:func:`build`), validates one that was read
 (:func:`check_layout`), gathers every rank's state to rank 0
 (:func:`gather_rank_states`), writes atomically (:func:`save_checkpoint`),
-loads safely (:func:`load_checkpoint`), checks resume compatibility and
-describes a checkpoint for people (:func:`describe`). ``slhub inspect``,
-``slhub export`` and the loop use these and know no key names of their own.
+loads safely (:func:`load_checkpoint`; :func:`checkpoint_from_bytes` for bytes
+received from rank 0), checks resume compatibility and describes a checkpoint
+for people (:func:`describe`). ``slhub inspect``, ``slhub export`` and the loop
+use these and know no key names of their own.
 
 v2 (written by slhub): ``format``, ``step``, ``run``, ``model``, ``optimizer``,
 ``scheduler``, ``ranks`` (one entry per global rank).
@@ -209,6 +210,12 @@ def sha256_file(path: str | Path) -> str:
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Load a v1 or v2 checkpoint safely, or raise a one-line :class:`CheckpointError`."""
+    return checkpoint_from_bytes(read_checkpoint_bytes(path), path)
+
+
+def read_checkpoint_bytes(path: str | Path) -> bytes:
+    """The bytes of a checkpoint file, or a one-line :class:`CheckpointError` when there is
+    no such file or it cannot be read."""
     path = Path(path)
     if path.is_dir():
         raise CheckpointError(
@@ -217,25 +224,28 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
     try:
-        with open(path, "rb"):
-            pass
-        is_archive = zipfile.is_zipfile(path)
+        return path.read_bytes()
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read checkpoint ({exc.strerror or exc})") from None
-    if not is_archive:  # torch.save writes a zip archive; anything else is not ours
+
+
+def checkpoint_from_bytes(data: bytes, path: str | Path) -> dict[str, Any]:
+    """Load the bytes of a v1 or v2 checkpoint (read from ``path``, or received from rank 0
+    for that path) safely, or raise a one-line :class:`CheckpointError`."""
+    buffer = io.BytesIO(data)
+    if not zipfile.is_zipfile(buffer):  # torch.save writes a zip archive; anything else is not ours
         raise CheckpointError(
             f"{path}: damaged or not a checkpoint (not a complete torch.save archive)"
         )
+    buffer.seek(0)
     try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
-    except PermissionError as exc:
-        raise CheckpointError(f"{path}: cannot read checkpoint ({exc.strerror or exc})") from None
+        loaded = torch.load(buffer, map_location="cpu", weights_only=True)
     except MemoryError:
         raise
     except Exception as exc:  # noqa: BLE001 - torch.load fails in many ways on foreign bytes
         raise CheckpointError(f"{path}: damaged or not a checkpoint ({_reason(exc)})") from None
-    check_layout(data, path)
-    return data
+    check_layout(loaded, path)
+    return loaded
 
 
 def _reason(exc: BaseException) -> str:

@@ -2,21 +2,27 @@
 
 1. Launch settings: the recipe's device and timeout, read before the process
    group exists (or the device of the caller's ``distributed_run``).
-2. Admission, on every rank: recipe, plugins, sections, the model and optimizer
-   (:class:`slhub.trainer.Loop`) and the checkpoint to resume. Every rank agrees
-   that every rank was admitted, or all fail with one message.
+2. Admission, on every rank: recipe, plugins, sections, the checkpoint to
+   resume, the model and optimizer (:class:`slhub.trainer.Loop`). Rank 0 reads
+   the checkpoint; a rank with no file at its path (a node without a shared
+   filesystem) receives rank 0's bytes, a rank with one must hold the same
+   bytes. Every rank agrees that every rank was admitted, or all fail with one
+   message.
 3. Rank 0 locks the run directory for the run's life, then claims a fresh one
    and writes the identity (run.json), or reopens the checkpoint's own run in
    place (appending a resume marker to metrics.jsonl). Agreed again.
 4. The loop runs with the stop signals installed; the metrics log and the lock
    are released however it ends.
 
-``resume="auto"`` resumes from ``output_dir/last.pt`` when it exists and starts
-fresh otherwise, so one command serves a job's first start and every requeue.
+``resume="auto"`` resumes from ``output_dir/last.pt`` when it exists on rank 0
+and starts fresh otherwise (every rank follows rank 0), so one command serves a
+job's first start and every requeue.
 """
 
 from __future__ import annotations
 
+import hashlib
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -134,15 +140,7 @@ def _launch_settings(read: Any) -> tuple[str, float]:
 
 
 def _train_on(read: Any, start: _Start, device: torch.device) -> Path:
-    loop: Loop | None = None
-    ckpt: dict[str, Any] | None = None
-    error: BaseException | None = None
-    try:
-        recipe = read()
-        start.resolve(recipe)
-        loop, ckpt = _admit(recipe, start, device)
-    except Exception as exc:  # noqa: BLE001 - agreed on below
-        error = _logged(exc)
+    loop, ckpt, error = _admit(read, start, device)
     _agree_or_raise(error, device)
     assert loop is not None
     _agree_or_raise(_same_start(loop), device)
@@ -191,44 +189,133 @@ def _fit(loop: Loop, device: torch.device) -> Path:
 
 
 def _admit(
-    recipe: Recipe, start: _Start, device: torch.device
-) -> tuple[Loop, dict[str, Any] | None]:
-    """Everything a rank builds before training, with no side effects; raises on bad input."""
-    plugins = registry.build_manager(recipe.plugin, recipe.plugins, recipe.objects)
-    sections: dict[str, Any] = {}
-    for part in plugins.hook.recipe_sections():
-        for name, model in (part or {}).items():
-            if name in sections or name in ("plugin", "plugins", "trainer"):
-                raise PluginError(f"recipe section {name!r} is claimed twice")
-            sections[name] = model
-    recipe.validate_sections(sections)
-    ckpt = None
-    resume = start.checkpoint
-    if resume is not None:
-        ckpt = checkpoint.load_checkpoint(resume)
-        start.source_changes = checkpoint.check_resume_compatible(
-            ckpt,
-            resume,
-            recipe=recipe.to_dict(),
-            source=_source_identity(plugins),
-            world_size=distributed.world_size(),
-            allow_source_change=start.allow_source_change,
+    read: Any, start: _Start, device: torch.device
+) -> tuple[Loop | None, dict[str, Any] | None, BaseException | None]:
+    """Everything a rank builds before training, with no side effects.
+
+    Returns the loop and the checkpoint it resumes, or this rank's error, held for
+    the admission agreement. Every rank reaches the checkpoint exchange with rank 0
+    (collectives), whatever failed before it.
+    """
+    error: BaseException | None = None
+    try:
+        recipe = read()
+        start.resolve(recipe)
+        plugins = registry.build_manager(recipe.plugin, recipe.plugins, recipe.objects)
+        sections: dict[str, Any] = {}
+        for part in plugins.hook.recipe_sections():
+            for name, model in (part or {}).items():
+                if name in sections or name in ("plugin", "plugins", "trainer"):
+                    raise PluginError(f"recipe section {name!r} is claimed twice")
+                sections[name] = model
+        recipe.validate_sections(sections)
+    except Exception as exc:  # noqa: BLE001 - held for the agreement
+        error = _logged(exc)
+    ckpt, ckpt_error = _resume_checkpoint(start, failed=error is not None)
+    if error is not None or ckpt_error is not None:
+        return None, None, error or _logged(ckpt_error)
+    try:
+        if ckpt is not None:
+            start.source_changes = checkpoint.check_resume_compatible(
+                ckpt,
+                start.checkpoint,
+                recipe=recipe.to_dict(),
+                source=_source_identity(plugins),
+                world_size=distributed.world_size(),
+                allow_source_change=start.allow_source_change,
+            )
+        loop = Loop(recipe, plugins, device)
+        if ckpt is not None:
+            loop.load(ckpt)
+    except Exception as exc:  # noqa: BLE001 - held for the agreement
+        return None, None, _logged(exc)
+    return loop, ckpt, None
+
+
+def _resume_checkpoint(
+    start: _Start, failed: bool
+) -> tuple[dict[str, Any] | None, BaseException | None]:
+    """The checkpoint every rank resumes from, as rank 0 reads it: ``(checkpoint, error)``.
+
+    Rank 0 decides (under ``--resume auto``: whether its ``output_dir/last.pt``
+    exists) and reads the file. A rank with no file at that path (a node without a
+    shared filesystem) receives rank 0's bytes over the process group; a rank with
+    one must hold the same bytes (sha256). A collective on every rank, also on a
+    rank that already ``failed`` (it takes part and reads nothing).
+    """
+    if distributed.world_size() == 1:
+        if failed or start.checkpoint is None:
+            return None, None
+        try:
+            return checkpoint.load_checkpoint(start.checkpoint), None
+        except Exception as exc:  # noqa: BLE001 - held for the agreement
+            return None, exc
+    is_main = distributed.rank() == 0
+    data: bytes | None = None
+    error: BaseException | None = None
+    offer: dict[str, str] | None = None
+    if is_main and not failed and start.checkpoint is not None:
+        try:
+            data = checkpoint.read_checkpoint_bytes(start.checkpoint)
+            offer = {
+                "path": str(start.checkpoint),
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "host": socket.gethostname(),
+            }
+        except Exception as exc:  # noqa: BLE001 - held for the agreement
+            error = exc
+    offer = distributed.broadcast_from_rank0(offer)
+    start.checkpoint = None if offer is None else Path(offer["path"])
+    if offer is None:
+        return None, error
+    path = Path(offer["path"])
+    missing = False
+    if not is_main and not failed:
+        if path.is_file():
+            try:
+                data = checkpoint.read_checkpoint_bytes(path)
+                _check_same_file(path, data, offer)
+            except Exception as exc:  # noqa: BLE001 - held for the agreement
+                data, error = None, exc
+        else:
+            missing = True
+    wanted = distributed.gather_to_rank0(missing)
+    if distributed.broadcast_from_rank0(any(wanted) if is_main else None):
+        if is_main:
+            assert wanted is not None and data is not None
+            ranks = ",".join(str(r) for r, flag in enumerate(wanted) if flag)
+            LOG.info("checkpoint sent", path=str(path), bytes=len(data), to_ranks=ranks)
+        received = distributed.broadcast_from_rank0(data if is_main else None)
+        if missing:
+            data = received
+    if data is None:
+        return None, error
+    try:
+        return checkpoint.checkpoint_from_bytes(data, path), None
+    except Exception as exc:  # noqa: BLE001 - held for the agreement
+        return None, exc
+
+
+def _check_same_file(path: Path, data: bytes, offer: dict[str, str]) -> None:
+    """A rank that sees a file at rank 0's checkpoint path must hold rank 0's bytes."""
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != offer["sha256"]:
+        raise CheckpointError(
+            f"{path}: rank {distributed.rank()} on host {socket.gethostname()} sees a different "
+            f"file than rank 0 on host {offer['host']} (sha256 {digest} here, {offer['sha256']} "
+            "on rank 0); remove it from this node (it then receives rank 0's checkpoint) or "
+            "make it rank 0's file"
         )
-    loop = Loop(recipe, plugins, device)
-    if ckpt is not None:
-        loop.load(ckpt)
-    return loop, ckpt
 
 
 def _same_start(loop: Loop) -> BaseException | None:
-    """Every rank must start from rank 0's update: a node that cannot see the checkpoint
-    (no shared filesystem) would otherwise start fresh under ``--resume auto``."""
+    """Every rank must start from rank 0's update (a guard: every rank resumes from
+    rank 0's checkpoint, or every rank starts fresh)."""
     start = distributed.broadcast_from_rank0(loop.step)
     if start == loop.step:
         return None
     return CheckpointError(
-        f"rank {loop.rank} starts at update {loop.step} but rank 0 at update {start}: every "
-        "node must see trainer.output_dir and the checkpoint (a shared filesystem)"
+        f"rank {loop.rank} starts at update {loop.step} but rank 0 at update {start}"
     )
 
 

@@ -42,6 +42,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         trainer__validate_every=3,
         trainer__save_every=3,
         trainer__output_dir=str(tmp / "ddp"),
+        trainer__device="cpu",  # the example's auto would take CUDA where it is visible
         model__history=4,
         model__width=16,
         model__layers=1,

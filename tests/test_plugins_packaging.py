@@ -5,7 +5,8 @@ their folders, deletes the copies, makes a fresh ``python -m venv`` (torch from
 the local CPU wheel), installs slhub, lists plugins, installs the three package
 wheels and lists again. The tests then check the listings and train every
 package's example recipe with the installed console script from a directory
-that has nothing to do with the repository.
+that has nothing to do with the repository, and train one under two Gloo workers
+uninterrupted and stopped-then-resumed with ``--resume auto``, bit for bit.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, load
+from slhub.testing import STATE_KEYS, STOP_AT_ENV, assert_tree_equal
 
 PACKAGES = {"rwm": "slhub-rwm", "rigidformer": "slhub-rigidformer", "bc": "slhub-bc"}
 HOOKS = ["build_model", "objective", "recipe_sections", "sample", "validate"]
@@ -48,17 +50,21 @@ EXAMPLES = {
 }
 
 
-def _env() -> dict[str, str]:
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(OMP_NUM_THREADS="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    env.update(OMP_NUM_THREADS="1", PIP_DISABLE_PIP_VERSION_CHECK="1", **(extra or {}))
     return env
 
 
-def _run(args: list, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+def _run(
+    args: list, cwd: Path, timeout: float = 300, env: dict[str, str] | None = None, ok: bool = True
+) -> subprocess.CompletedProcess:
     proc = subprocess.run(
-        [str(a) for a in args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout
-    )
-    assert proc.returncode == 0, f"{args}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        [str(a) for a in args], cwd=cwd, env=_env(env), capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
+    if ok:
+        assert proc.returncode == 0, f"{args}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
 
 
@@ -120,11 +126,32 @@ def test_installed_wheels_train_the_example_from_an_unrelated_directory(venv, tm
     assert (out / "step_6.pt").is_file()
 
 
-def test_installed_wheel_trains_under_two_gloo_workers(venv, tmp_path) -> None:
+def test_installed_wheel_stops_and_resumes_two_gloo_workers_exactly(venv, tmp_path) -> None:
+    """Two Gloo workers under the installed torchrun, from an unrelated directory, with
+    the command a requeued job reruns (``--resume auto``): uninterrupted, and preempted at
+    update 3 (the installed ``slhub.testing:StopAt``, a SIGUSR1 as a scheduler sends) then
+    resumed. The two final checkpoints are equal bit for bit."""
     recipe, _, small = EXAMPLES["rwm"]
     shutil.copy(REPO / "examples" / recipe, tmp_path / "recipe.yaml")
-    sets = [*small, "trainer.steps=4", "trainer.validate_every=2", "trainer.output_dir=out"]
+    sets = [
+        *small, "trainer.steps=6", "trainer.validate_every=2",
+        "trainer.device=cpu",  # the example's auto would give worker 1 a GPU it may not have
+        'plugins=["slhub.testing:StopAt"]',
+    ]  # fmt: skip
     torchrun = [venv.dir / "bin" / "torchrun", "--standalone", "--nnodes=1", "--nproc-per-node=2"]
-    args = ["-m", "slhub", "train", "--config", "recipe.yaml", *(f"--set={s}" for s in sets)]
-    _run([*torchrun, *args], tmp_path)
+
+    def train(out: str, stop_at: str = "", ok: bool = True) -> subprocess.CompletedProcess:
+        args = ["-m", "slhub", "train", "--config", "recipe.yaml", "--resume", "auto"]
+        args += [f"--set={s}" for s in [*sets, f"trainer.output_dir={out}"]]
+        return _run([*torchrun, *args], tmp_path, env={STOP_AT_ENV: stop_at}, ok=ok)
+
+    train("full")
+    stopped = train("out", stop_at="3", ok=False)
+    assert stopped.returncode != 0, stopped.stderr[-3000:]  # torchrun's status for the 75
+    assert "stop signal at update 3:" in stopped.stderr, stopped.stderr[-3000:]
+    assert load(tmp_path / "out" / "last.pt")["step"] == 3
+    train("out")
     assert json.loads((tmp_path / "out" / "run.json").read_text())["world_size"] == 2
+    expected, actual = load(tmp_path / "full" / "last.pt"), load(tmp_path / "out" / "last.pt")
+    for key in STATE_KEYS:
+        assert_tree_equal(expected[key], actual[key], key)

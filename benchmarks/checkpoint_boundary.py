@@ -1,0 +1,139 @@
+"""What a checkpoint boundary costs in slhub against a bare serialize plus durable write.
+
+    OMP_NUM_THREADS=1 python benchmarks/checkpoint_boundary.py                # sl_ddp, 4->32->2
+    OMP_NUM_THREADS=1 python benchmarks/checkpoint_boundary.py --hidden 2048  # 0.2 MB checkpoint
+
+One process trains the sl_ddp example for a few updates; then, inside the run
+(from an ``on_log`` hook at the last update, so the loop's real state is used),
+it times alternately, ``--repeats`` times each:
+
+- **slhub**: ``Loop._boundary(step, save=True)`` at a save-only boundary: every
+  rank's ``save`` state (RNG, sampler, buffers) gathered, the v2 checkpoint
+  built, serialized once and written durably to ``step_N.pt`` and ``last.pt``
+  (temporary, fsync, rename, directory fsync), metrics.jsonl fsynced.
+- **bare**: the same checkpoint object (the one slhub wrote last) serialized
+  with ``torch.save`` into a ``BytesIO`` and the bytes written the same way to
+  two files (temporary, fsync, rename, directory fsync), metrics.jsonl fsynced.
+
+It prints medians, the ratio and the checkpoint size. fsync latency dominates
+on a small model and varies a lot on a shared disk: compare the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+import slhub  # noqa: E402
+from slhub import checkpoint, hookimpl  # noqa: E402
+
+
+def durable_write(data: bytes, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Probe:
+    """Times both contestants from inside the run, at its last update."""
+
+    def __init__(self, steps: int, repeats: int, bare_dir: Path) -> None:
+        self.steps, self.repeats, self.bare_dir = steps, repeats, bare_dir
+        self.times: dict[str, list[float]] = {"slhub": [], "bare": []}
+        self.size = 0
+
+    @hookimpl
+    def on_log(self, trainer, step, metrics) -> None:
+        if step != self.steps or "train/loss" not in metrics:
+            return
+        loop = trainer
+        loop._boundary(step, save=True)  # warm-up; also the object the bare path writes
+        ckpt = checkpoint.build(
+            step=loop._committed_step,
+            run=loop.identity,
+            model=loop.model.state_dict(),
+            optimizer=loop.optimizer.state_dict(),
+            scheduler={"schedule": loop.scheduler.state_dict(), "scaler": None},
+            ranks=loop._committed,
+        )
+        metrics_fd = os.open(loop.output_dir / "metrics.jsonl", os.O_RDONLY)
+
+        def bare() -> None:
+            buffer = io.BytesIO()
+            torch.save(ckpt, buffer)
+            data = buffer.getvalue()
+            self.size = len(data)
+            durable_write(data, self.bare_dir / f"step_{step}.pt")
+            durable_write(data, self.bare_dir / "last.pt")
+            os.fsync(metrics_fd)
+
+        def framework() -> None:
+            loop._boundary(step, save=True)
+
+        for i in range(self.repeats):
+            pair = (("slhub", framework), ("bare", bare))
+            for name, fn in pair if i % 2 == 0 else pair[::-1]:
+                started = time.perf_counter()
+                fn()
+                self.times[name].append(time.perf_counter() - started)
+        os.close(metrics_fd)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hidden", type=int, default=32, help="MLP hidden width (32)")
+    parser.add_argument("--repeats", type=int, default=30, help="timings per contestant (30)")
+    parser.add_argument("--dir", type=Path, help="where to write (default: a temporary dir)")
+    args = parser.parse_args(argv)
+    base = Path(args.dir or tempfile.mkdtemp(prefix="slhub-ckpt-bench-"))
+    (base / "bare").mkdir(parents=True, exist_ok=True)
+    steps = 5
+    probe = Probe(steps, args.repeats, base / "bare")
+    slhub.train(
+        ROOT / "examples" / "sl_ddp" / "cpu.yaml",
+        [
+            f"trainer.output_dir={base / 'slhub'}",
+            f"trainer.steps={steps}",
+            "trainer.validate_every=0",
+            "trainer.save_every=0",
+            f"model.hidden={args.hidden}",
+        ],
+        log_format="json",
+        plugins=[probe],
+    )
+    med = {name: statistics.median(ts) * 1e3 for name, ts in probe.times.items()}
+    pairs = [s / b for s, b in zip(probe.times["slhub"], probe.times["bare"], strict=True)]
+    print(
+        f"checkpoint {probe.size} bytes (hidden {args.hidden}), {args.repeats} alternating "
+        f"timings each, {base}; load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}"
+    )
+    print("| median | boundary (ms) |")
+    print("|---|---:|")
+    for name, value in med.items():
+        print(f"| {name} | {value:.2f} |")
+    print(f"| slhub/bare | {med['slhub'] / med['bare']:.3f} |")
+    print(f"median of per-pair ratios: {statistics.median(pairs):.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
