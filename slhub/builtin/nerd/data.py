@@ -7,10 +7,16 @@ itself (simulator, cache) is :mod:`slhub.data`'s.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from slhub.builtin.nerd.sections import DataSection, SplitSection
-from slhub.data import CartpoleData, ensure_dataset, state_deltas
+from slhub.data import CartpoleData, cached_arrays, ensure_dataset, state_deltas
+from slhub.data.cartpole import FORMAT as CARTPOLE_FORMAT
+
+#: The arrays :func:`training_statistics` returns, as cached by :func:`cached_statistics`.
+STATISTICS = ("token_mean", "token_std", "delta_mean", "delta_std")
 
 
 def open_splits(cfg: DataSection) -> tuple[CartpoleData, CartpoleData]:
@@ -22,6 +28,33 @@ def open_splits(cfg: DataSection) -> tuple[CartpoleData, CartpoleData]:
         )
 
     return open_split("train", cfg.train), open_split("val", cfg.val)
+
+
+def cached_statistics(cfg: DataSection, data: CartpoleData) -> tuple[np.ndarray, ...]:
+    """:func:`training_statistics` of the train split ``data`` of ``cfg``, computed once
+    and cached beside the split (``cache_dir/train-statistics``).
+
+    Computing them reads the whole split and makes float64 copies several times its
+    size; cached, every later rank and run reads four small arrays instead, so a
+    node's ranks share the memory-mapped split and hold no copy of it, even briefly.
+    The cached values are the computed ones, bit for bit.
+    """
+    split = cfg.train
+    meta = {
+        "statistics": list(STATISTICS),
+        "data_format": CARTPOLE_FORMAT,
+        "num_trajectories": split.num_trajectories,
+        "length": split.length,
+        "seed": split.seed,
+        "max_force": cfg.max_force,
+    }
+    arrays = cached_arrays(
+        Path(cfg.cache_dir) / "train-statistics",
+        meta,
+        STATISTICS,
+        lambda: dict(zip(STATISTICS, training_statistics(data), strict=True)),
+    )
+    return tuple(np.array(arrays[name]) for name in STATISTICS)
 
 
 def window_batch(

@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from torch import nn
 
 from slhub import LossResult, hookimpl
-from slhub.builtin.nerd.data import open_splits, training_statistics, window_batch
+from slhub.builtin.nerd.data import cached_statistics, open_splits, window_batch
 from slhub.builtin.nerd.export import export_checkpoint
 from slhub.builtin.nerd.loss import batch_mask, evaluate, loss_mask, masked_mse
 from slhub.builtin.nerd.model import DTYPES, NerdModel
@@ -75,7 +75,7 @@ class NerdPlugin:
             )
         self._train, self._val = open_splits(data_cfg)
         model = NerdModel(arch).to(DTYPES[model_cfg.precision])
-        stats = [torch.from_numpy(s) for s in training_statistics(self._train)]
+        stats = [torch.from_numpy(s) for s in cached_statistics(data_cfg, self._train)]
         model.set_normalization(*stats)
         self._mask = loss_mask(arch, loss_cfg)
         return model
