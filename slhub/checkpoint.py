@@ -24,6 +24,7 @@ from __future__ import annotations
 import copyreg
 import hashlib
 import io
+import json
 import os
 import pickle
 import re
@@ -35,7 +36,8 @@ from typing import Any
 import torch
 
 from slhub import distributed
-from slhub.errors import CheckpointError
+from slhub.artifacts import METRICS_FILE, read_metrics
+from slhub.errors import CheckpointError, SlhubError
 from slhub.recipe import RESUMABLE_KEYS, recipe_differences
 
 FORMAT_V2 = "slhub.checkpoint/2"
@@ -465,11 +467,45 @@ def describe(path: str | Path) -> str:
     lines += [f"plugins:    {_describe(extra)}" for extra in plugins[1:]]
     recipe = run.get("recipe") if isinstance(run.get("recipe"), dict) else {}
     lines += [
+        f"recipe:     sha256 {recipe_digest(recipe)[:16]} ({len(recipe)} sections)",
         f"ranks:      {len(ranks)} entries holding {', '.join(keys) or 'nothing'}",
         f"optim:      {_section(recipe.get('optim'))}{_lr(ckpt['optimizer'])}",
         f"schedule:   {_section(recipe.get('schedule'))}{_schedule_state(ckpt['scheduler'])}",
     ]
-    return "\n".join(lines)
+    return "\n".join(lines + _last_metrics(Path(path).parent / METRICS_FILE, step_of(ckpt)))
+
+
+def recipe_digest(recipe: dict[str, Any]) -> str:
+    """sha256 of a recorded recipe in canonical JSON: equal digests, equal recipes."""
+    canonical = json.dumps(recipe, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _last_metrics(path: Path, step: int) -> list[str]:
+    """The last training and validation lines at or before ``step`` of the run
+    directory's metrics history (the checkpoint's own numbers, not later ones)."""
+    try:
+        records = [r for r in read_metrics(path) if isinstance(r.get("step"), int)]
+    except (OSError, SlhubError) as exc:
+        return [f"metrics:    unreadable ({exc})"]
+    records = [r for r in records if r["step"] <= step]
+    if not records:
+        return [f"metrics:    none at or before update {step} in {path}"]
+    out = []
+    for prefix in ("train/", "validation/"):
+        line = next((r for r in reversed(records) if any(k.startswith(prefix) for k in r)), None)
+        if line is not None:
+            values = " ".join(
+                f"{k.removeprefix(prefix)}={_short(v)}"
+                for k, v in line.items()
+                if k.startswith(prefix) and v is not None
+            )
+            out.append(f"{prefix[:-1] + ':':<11} update {line['step']}: {values}")
+    return out
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def _section(section: Any) -> str:

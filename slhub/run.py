@@ -161,16 +161,16 @@ def _train_on(read: Any, start: _Start, device: torch.device) -> Path:
 
 def _fit(loop: Loop, device: torch.device) -> Path:
     run_id = distributed.broadcast_from_rank0(loop.identity["run_id"] if loop.identity else None)
+    loop.run_id = run_id
     log.bind(run_id=run_id)
+    LOG.info("start", step=loop.step, total=loop.config.steps, device=str(device))
     LOG.info(
-        "start",
-        recipe=loop.recipe.source,
-        plugins=[source.name for source in loop.plugins.sources],
-        device=str(device),
-        start_step=loop.step,
-        steps=loop.config.steps,
+        "recipe",
+        path=loop.recipe.source,
         output_dir=str(loop.output_dir),
+        plugins=",".join(source.name for source in loop.plugins.sources),
     )
+    log.bind(step=loop.step)
     try:
         with preemption.StopSignals(loop.config.stop_signals) as signals:
             loop.stop_signals = signals
