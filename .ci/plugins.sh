@@ -2,7 +2,7 @@
 # Install each external plugin package under plugins/ (model packages and the extra plugin
 # tensorboard) from its folder, as a third party would, and check that installing it is what
 # makes `slhub plugins` list it, as a model or an extra plugin. Their tests (under
-# plugins/*/tests) run in the root `python -m pytest -q` that .ci/run calls afterwards.
+# plugins/*/tests) run in the root `python -m pytest` that .ci/run calls afterwards.
 # Expects slhub itself to be installed already (.ci/run installs it first).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -201,6 +201,7 @@ def test_resume_auto_starts_over_a_run_that_failed_before_its_first_checkpoint(t
     assert len([p for p in out.iterdir() if p.name.startswith("superseded-")]) == 1
 
 
+@pytest.mark.slow  # fault matrix / cross-process check: `python -m pytest -m slow`
 def test_torchrun_summary_names_the_real_cause(tmp_path: Path):
     recipe = _write(
         tmp_path / "r.yaml", plugin="slhub_testplugins:FaultInjector", trainer__steps=4,

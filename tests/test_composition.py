@@ -34,7 +34,7 @@ def _recipe(tmp_path: Path, plugins: list[str] = EXTRAS, **changes) -> Path:
     return write_recipe(tmp_path / "composed.yaml", plugins=plugins, **{**keys, **changes})
 
 
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_extra_plugins_are_called_and_resume_bit_exact(tmp_path: Path, workers: int):
     env = {**os.environ, "OMP_NUM_THREADS": "1", **ENV}
     check = check_resume_exact(

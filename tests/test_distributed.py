@@ -212,6 +212,7 @@ def test_update_with_zero_total_weight_is_skipped(tmp_path: Path):
     assert line2["train/loss"] is None and line2["train/weight"] == 0
 
 
+@pytest.mark.slow  # fault matrix / cross-process check: `python -m pytest -m slow`
 @pytest.mark.parametrize(
     ("phase", "rank", "expected"),
     [
@@ -253,6 +254,7 @@ def test_rank_local_failure_fails_every_rank_with_origin(tmp_path, phase, rank, 
         assert load(out / "step_2.pt")["step"] == 2 and not (out / "step_4.pt").exists()
 
 
+@pytest.mark.slow  # fault matrix / cross-process check: `python -m pytest -m slow`
 def test_torchrun_failure_ends_the_job_nonzero(tmp_path: Path):
     recipe = _recipe(
         tmp_path,

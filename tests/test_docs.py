@@ -74,3 +74,12 @@ def test_every_public_name_is_documented(qualified: str):
     assert any(pattern.search(p.read_text(encoding="utf-8")) for p in pages), (
         f"{qualified} is public (in __all__) but no page of docs/ mentions it"
     )
+
+
+def test_ci_runs_the_readme_test_command_and_then_the_slow_tests():
+    """README's test command is what CI runs, and CI also runs what it leaves out."""
+    readme = (REPO / "README.md").read_text()
+    (command,) = re.findall(r"OMP_NUM_THREADS=1 (python -m pytest[^\n`]*)\n", readme)
+    ci = (REPO / ".ci" / "run").read_text().splitlines()
+    assert command.strip() in ci
+    assert ci.index(command.strip()) < ci.index("python -m pytest -q -m slow")

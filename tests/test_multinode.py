@@ -24,6 +24,9 @@ from conftest import REPO, free_port, load, metrics_of, subprocess_env, write_re
 from slhub.preemption import EXIT_PREEMPTED
 from slhub.testing import STATE_KEYS, STOP_AT_ENV, assert_tree_equal
 
+#: Every test here is slow (cross-process, seconds to minutes): `python -m pytest -m slow`.
+pytestmark = pytest.mark.slow
+
 PLUGINS = ["slhub_testplugins:WhereAmI", "slhub.testing:StopAt"]
 #: The marker docs/launch.md puts above the sbatch script whose torchrun command runs here.
 MARKER = "<!-- tests/test_multinode.py runs the torchrun command of this script -->"

@@ -52,6 +52,7 @@ def test_feature_resumes_bit_exact_on_one_process(tmp_path: Path, feature: str):
     _assert_feature_visible(feature, check.uninterrupted)
 
 
+@pytest.mark.slow  # fault matrix / cross-process check: `python -m pytest -m slow`
 @pytest.mark.parametrize("feature", list(FEATURES))
 def test_feature_resumes_bit_exact_on_two_gloo_workers(tmp_path: Path, feature: str):
     check = check_resume_exact(

@@ -36,6 +36,9 @@ from slhub.optim import OptimSection, ScheduleSection, build_optimizer, build_sc
 from slhub.registry import resolve
 from slhub.testing import StandInTrainer, hooks_of, sampler_generator
 
+#: Every test here is slow (cross-process, seconds to minutes): `python -m pytest -m slow`.
+pytestmark = pytest.mark.slow
+
 TOLERANCE = 1e-6
 
 

@@ -25,6 +25,9 @@ import pytest
 from conftest import REPO, load
 from slhub.testing import STATE_KEYS, STOP_AT_ENV, assert_tree_equal
 
+#: Every test here is slow (cross-process, seconds to minutes): `python -m pytest -m slow`.
+pytestmark = pytest.mark.slow
+
 PACKAGES = {"rwm": "slhub-rwm", "rigidformer": "slhub-rigidformer", "bc": "slhub-bc"}
 HOOKS = ["build_model", "objective", "recipe_sections", "sample", "validate"]
 IGNORE = shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__", ".pytest_cache")

@@ -95,17 +95,27 @@ def _wait_for_update(folder: Path, step: int, procs, timeout: float = 60) -> Non
     raise AssertionError(f"update {step} not reached in {timeout} s")
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """Uninterrupted runs (one process and two workers) of the recipe every test interrupts."""
-    tmp = tmp_path_factory.mktemp("reference")
-    runs = {}
-    for workers in (1, 2):
-        out = tmp / f"w{workers}"
-        results = _finish(_start(_recipe(tmp, out), workers=workers, env={"SLHUB_SLOW_S": "0"}))
+class _References(dict):
+    """Uninterrupted runs of the recipe every test interrupts, by worker count, each
+    trained on first use (a selection without 2-worker tests never launches one)."""
+
+    def __init__(self, tmp: Path) -> None:
+        super().__init__()
+        self.tmp = tmp
+
+    def __missing__(self, workers: int) -> Path:
+        out = self.tmp / f"w{workers}"
+        results = _finish(
+            _start(_recipe(self.tmp, out), workers=workers, env={"SLHUB_SLOW_S": "0"})
+        )
         assert [rc for rc, _ in results] == [0] * workers, results[0][1][-2000:]
-        runs[workers] = out
-    return runs
+        self[workers] = out
+        return out
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> _References:
+    return _References(tmp_path_factory.mktemp("reference"))
 
 
 def _assert_same_as_reference(run: Path, reference: Path) -> None:
@@ -116,7 +126,14 @@ def _assert_same_as_reference(run: Path, reference: Path) -> None:
     assert not [p.name for p in run.iterdir() if ".tmp-" in p.name]
 
 
-@pytest.mark.parametrize(("workers", "signalled"), [(1, 0), (2, 1), (2, 0)])
+@pytest.mark.parametrize(
+    ("workers", "signalled"),
+    [
+        (1, 0),
+        pytest.param(2, 1, marks=pytest.mark.slow),
+        pytest.param(2, 0, marks=pytest.mark.slow),
+    ],
+)
 def test_stop_signal_checkpoints_the_update_and_resume_auto_is_exact(
     tmp_path: Path, reference, workers: int, signalled: int
 ):
@@ -143,6 +160,7 @@ def test_stop_signal_checkpoints_the_update_and_resume_auto_is_exact(
     _assert_same_as_reference(out, reference[workers])
 
 
+@pytest.mark.slow  # fault matrix / cross-process check: `python -m pytest -m slow`
 def test_second_signal_exits_at_once_and_a_repeat_is_one_request(tmp_path: Path):
     out = tmp_path / "run"
     gate = tmp_path / "gate"  # never opened: update 3 never commits, so the stop never comes
@@ -158,6 +176,7 @@ def test_second_signal_exits_at_once_and_a_repeat_is_one_request(tmp_path: Path)
     assert "second SIGTERM: exiting now" in err
 
 
+@pytest.mark.slow  # fault matrix / cross-process check: `python -m pytest -m slow`
 def test_sigterm_to_the_torchrun_agent_checkpoints_every_worker(tmp_path: Path, reference):
     out = tmp_path / "run"
     recipe = _recipe(tmp_path, out)
@@ -179,6 +198,7 @@ def test_sigterm_to_the_torchrun_agent_checkpoints_every_worker(tmp_path: Path, 
     _assert_same_as_reference(out, reference[2])
 
 
+@pytest.mark.slow  # fault matrix / cross-process check: `python -m pytest -m slow`
 def test_sigkill_at_random_moments_resumes_exactly(tmp_path: Path, reference):
     """kill -9 (no chance to clean up), at random moments; then the requeued command."""
     trials = int(os.environ.get("SLHUB_KILL_TRIALS", "3"))
@@ -198,6 +218,7 @@ def test_sigkill_at_random_moments_resumes_exactly(tmp_path: Path, reference):
         _assert_same_as_reference(out, reference[1])  # save cadence changes no state
 
 
+@pytest.mark.slow  # fault matrix / cross-process check: `python -m pytest -m slow`
 def test_two_writers_on_one_directory_exactly_one_proceeds(tmp_path: Path, reference):
     out = tmp_path / "run"
     recipe = _recipe(tmp_path, out)
@@ -216,6 +237,7 @@ def test_two_writers_on_one_directory_exactly_one_proceeds(tmp_path: Path, refer
     _assert_same_as_reference(out, reference[1])  # the refused writers changed nothing
 
 
+@pytest.mark.slow  # fault matrix / cross-process check: `python -m pytest -m slow`
 def test_torn_metrics_line_is_fenced_and_resume_in_place_after_a_crash(tmp_path: Path, reference):
     out = tmp_path / "run"
     recipe = _recipe(tmp_path, out, trainer__steps=60)
@@ -261,6 +283,7 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+@pytest.mark.slow  # fault matrix / cross-process check: `python -m pytest -m slow`
 def test_sigkill_of_a_worker_under_torchrun_resumes_exactly(tmp_path: Path, reference):
     """kill -9 of one of two workers: torchrun tears the job down; the requeued command
     (--resume auto, in place) finishes bit-identical to the uninterrupted run."""
