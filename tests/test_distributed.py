@@ -13,12 +13,11 @@ from conftest import (
     REPO,
     SL_DDP,
     assert_tree_equal,
+    cli_error,
     launch_workers,
     launch_workers_ok,
     load,
     metrics_of,
-    one_line_error,
-    run_cli,
     run_torchrun,
     subprocess_env,
     write_recipe,
@@ -68,9 +67,10 @@ def test_interrupted_and_resumed_run_is_bit_identical(recovery_runs):
     assert [m["step"] for m in metrics_of(resumed) if "train/loss" in m] == list(range(1, 13))
 
 
-def test_resume_with_another_world_size_names_both(recovery_runs, tmp_path: Path):
+def test_resume_with_another_world_size_names_both(recovery_runs, tmp_path: Path, capsys):
     continuous, _, recipe = recovery_runs
-    proc = run_cli(
+    line = cli_error(
+        capsys,
         "train",
         "--config",
         str(recipe),
@@ -79,7 +79,6 @@ def test_resume_with_another_world_size_names_both(recovery_runs, tmp_path: Path
         "--resume",
         str(continuous / "step_6.pt"),
     )
-    line = one_line_error(proc)
     assert "world size 2" in line and "world size 1" in line
     assert not (tmp_path / "one").exists()
 

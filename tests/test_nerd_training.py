@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
+import slhub
 from conftest import (
     REPO,
     assert_tree_equal,
     cli_error,
     load,
     metrics_of,
-    run_cli,
     run_torchrun,
     train_stopped_then_resumed,
     write_recipe,
@@ -53,16 +53,30 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         data__val={"num_trajectories": 4, "length": 12, "seed": 1},
         validation__horizons=[2, 8],
     )
-    out = {"recipe": recipe, "tmp": tmp}
-    proc = run_cli("train", "--config", str(recipe), "--set", f"trainer.output_dir={tmp}/single")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out["single"] = tmp / "single"
-    proc = run_torchrun("train", "--config", str(recipe))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out["ddp"] = tmp / "ddp"
-    train_stopped_then_resumed(recipe, 3, tmp / "stopped", tmp / "resumed")
-    out["resumed"] = tmp / "resumed"
-    return out
+    return _Runs(recipe, tmp)
+
+
+class _Runs(dict):
+    """The tiny recipe's runs, each trained on first use: ``single`` (in this process),
+    ``ddp`` (2 workers) and ``resumed`` (2 workers stopped at 3, resumed into a new
+    directory; only the slow recovery test asks for it)."""
+
+    def __init__(self, recipe: Path, tmp: Path) -> None:
+        super().__init__(recipe=recipe, tmp=tmp)
+
+    def __missing__(self, name: str) -> Path:
+        recipe, tmp = self["recipe"], self["tmp"]
+        if name == "single":
+            slhub.train(recipe, [f"trainer.output_dir={tmp / 'single'}"])
+        elif name == "ddp":
+            proc = run_torchrun("train", "--config", str(recipe))
+            assert proc.returncode == 0, proc.stderr[-3000:]
+        elif name == "resumed":
+            train_stopped_then_resumed(recipe, 3, tmp / "stopped", tmp / "resumed")
+        else:
+            raise KeyError(name)
+        self[name] = tmp / name
+        return self[name]
 
 
 def _rebuilt(ckpt: dict) -> tuple[NerdPlugin, StandInTrainer, torch.nn.Module]:
@@ -95,6 +109,7 @@ def test_training_logs_rollout_and_baseline_validation(runs):
     assert load(runs["ddp"] / "last.pt")["run"]["world_size"] == 2
 
 
+@pytest.mark.slow  # two more 2-worker launches: `python -m pytest -m slow`
 def test_interrupted_and_resumed_two_worker_run_is_bit_identical(runs):
     a, b = load(runs["ddp"] / "last.pt"), load(runs["resumed"] / "last.pt")
     assert a["step"] == b["step"] == 6
@@ -146,12 +161,15 @@ def test_v1_and_v2_export_identically_and_predict_exactly(runs, tmp_path, name):
         p2(tokens.double(), input_names=names)
 
 
-def test_export_command_writes_safetensors_and_manifest(runs, tmp_path):
-    proc = run_cli(
-        "export", "--checkpoint", str(runs["single"] / "last.pt"), "--out", str(tmp_path / "e")
+def test_export_command_writes_safetensors_and_manifest(runs, tmp_path, capsys):
+    from slhub import cli
+
+    code = cli.main(
+        ["export", "--checkpoint", str(runs["single"] / "last.pt"), "--out", str(tmp_path / "e")]
     )
-    assert proc.returncode == 0, proc.stderr
-    assert "exported" in proc.stdout
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert "exported" in out.out
     assert sorted(p.name for p in (tmp_path / "e").iterdir()) == [
         "export.json",
         "model.safetensors",

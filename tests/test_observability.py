@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import slhub
-from conftest import REPO, SL_DDP, metrics_of, run_cli, subprocess_env
+from conftest import REPO, SL_DDP, metrics_of, subprocess_env
 from slhub import cli
 from slhub.artifacts import read_metrics
 from slhub.checkpoint import load_checkpoint, recipe_digest
@@ -52,7 +52,7 @@ def _train_under_pty(out: Path, columns: int = 120) -> tuple[int, str]:
     return proc.wait(timeout=120), b"".join(chunks).decode(errors="replace")
 
 
-def test_progress_bar_on_a_terminal_and_events_in_a_pipe(tmp_path: Path):
+def test_progress_bar_on_a_terminal_and_events_in_a_pipe(tmp_path: Path, capsys):
     code, screen = _train_under_pty(tmp_path / "tty")
     assert code == 0, screen[-2000:]
     # tqdm's bar: done/total, rate, and the last loss and validation metric
@@ -63,24 +63,27 @@ def test_progress_bar_on_a_terminal_and_events_in_a_pipe(tmp_path: Path):
     assert float(bar[-1]) == pytest.approx(final_loss, rel=1e-3)  # shown at 4 digits
     assert "] progress " not in ANSI.sub("", screen)  # no event lines beside the bar
 
-    proc = run_cli("train", "--config", str(SL_DDP), *SHORT, "--set",
-                   f"trainer.output_dir={tmp_path / 'pipe'}")  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    assert "%|" not in proc.stderr and "\r" not in proc.stderr  # no bar in a pipe
-    progress = [line for line in proc.stderr.splitlines() if " progress " in line]
+    # captured stderr is not a terminal, as a pipe or a batch job's log file is not
+    code = cli.main(["train", "--config", str(SL_DDP), *SHORT, "--set",
+                     f"trainer.output_dir={tmp_path / 'pipe'}"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "%|" not in err and "\r" not in err  # no bar
+    progress = [line for line in err.splitlines() if " progress " in line]
     assert progress and "step=1/60" in progress[0] and "step=60/60" in progress[-1]
     assert "val_mse=" in progress[-1] and "eta_s=0" in progress[-1]
 
 
-def test_default_console_lines_are_short_and_say_the_identity_once(tmp_path: Path):
+def test_default_console_lines_are_short_and_say_the_identity_once(
+    tmp_path: Path, monkeypatch, capsys
+):
     # a default run as a user starts it: the example recipe, its default output_dir
     shutil.copy(SL_DDP, tmp_path / "cpu.yaml")
-    proc = subprocess.run(
-        [sys.executable, "-m", "slhub", "train", "--config", "cpu.yaml"],
-        cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stderr.splitlines()
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(["train", "--config", "cpu.yaml"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    lines = err.splitlines()
     assert len(lines) >= 10
     assert max(len(line) for line in lines) <= 120, max(lines, key=len)
     run_id = json.loads((tmp_path / "outputs" / "sl_ddp_cpu" / "run.json").read_text())["run_id"]
@@ -89,7 +92,7 @@ def test_default_console_lines_are_short_and_say_the_identity_once(tmp_path: Pat
     validation = [line for line in lines if " validation " in line]
     assert len(validation) == 4 and re.search(r"step=200 mse=\d\.\d{1,4}$", validation[-1])
     # 4 significant digits, never 17
-    assert not re.search(r"\d\.\d{5,}", proc.stderr), proc.stderr
+    assert not re.search(r"\d\.\d{5,}", err), err
     # README shows what the console looks like: the same lines, up to numbers and paths
     readme = (REPO / "README.md").read_text().split("## What a run looks like", 1)[1]
     shown = readme.split("```\n", 2)[1].splitlines()
@@ -103,12 +106,13 @@ def _shape(line: str) -> str:
     return re.sub(r"\d+(\.\d+)?(e[+-]?\d+)?", "N", line)
 
 
-def test_every_json_line_parses_and_has_a_step(tmp_path: Path):
+def test_every_json_line_parses_and_has_a_step(tmp_path: Path, capsys):
     out = tmp_path / "json"
-    proc = run_cli("train", "--config", str(SL_DDP), *SHORT, "--log-format", "json",
-                   "--set", f"trainer.output_dir={out}")  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    events = [json.loads(line) for line in proc.stderr.splitlines()]
+    code = cli.main(["train", "--config", str(SL_DDP), *SHORT, "--log-format", "json",
+                     "--set", f"trainer.output_dir={out}"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 0, err
+    events = [json.loads(line) for line in err.splitlines()]
     run_id = json.loads((out / "run.json").read_text())["run_id"]
     assert all("step" in e and e["run_id"] == run_id and e["rank"] == 0 for e in events)
     assert [e["step"] for e in events if e["event"] == "start"] == [0]
@@ -119,10 +123,10 @@ def test_every_json_line_parses_and_has_a_step(tmp_path: Path):
     assert {e["step"] for e in events if e["event"] == "validation"} == {20, 40, 60}
 
     # errors are JSON events too, with the context known so far
-    proc = run_cli("train", "--config", str(SL_DDP), "--log-format", "json",
-                   "--set", "trainer.bogus=1")  # fmt: skip
-    assert proc.returncode == 2
-    (line,) = proc.stderr.splitlines()
+    code = cli.main(["train", "--config", str(SL_DDP), "--log-format", "json",
+                     "--set", "trainer.bogus=1"])  # fmt: skip
+    assert code == 2
+    (line,) = capsys.readouterr().err.splitlines()
     error = json.loads(line)
     assert error["event"] == "error" and error["level"] == "error" and error["step"] is None
     assert "trainer.bogus" in error["message"]
