@@ -469,8 +469,8 @@ def describe(path: str | Path) -> str:
     lines += [
         f"recipe:     sha256 {recipe_digest(recipe)[:16]} ({len(recipe)} sections)",
         f"ranks:      {len(ranks)} entries holding {', '.join(keys) or 'nothing'}",
-        f"optim:      {_section(recipe.get('optim'))}{_lr(ckpt['optimizer'])}",
-        f"schedule:   {_section(recipe.get('schedule'))}{_schedule_state(ckpt['scheduler'])}",
+        f"optim:      {_section(recipe, 'optim')}{_lr(ckpt['optimizer'])}",
+        f"schedule:   {_section(recipe, 'schedule')}{_schedule_state(ckpt['scheduler'])}",
     ]
     return "\n".join(lines + _last_metrics(Path(path).parent / METRICS_FILE, step_of(ckpt)))
 
@@ -508,11 +508,16 @@ def _short(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def _section(section: Any) -> str:
-    """``name key=value ...`` of a recorded recipe section (None values left out)."""
+def _section(recipe: dict[str, Any], name: str) -> str:
+    """``name key=value ...`` of a recorded optim or schedule section: the keys its
+    optimizer or schedule reads, None values left out."""
+    section = recipe.get(name)
     if not isinstance(section, dict):
         return "not recorded"
-    rest = " ".join(f"{k}={v}" for k, v in section.items() if k != "name" and v is not None)
+    from slhub.optim import applicable
+
+    shown = applicable(name, section)
+    rest = " ".join(f"{k}={v}" for k, v in shown.items() if k != "name" and v is not None)
     return f"{section.get('name', '?')} {rest}".strip()
 
 

@@ -34,6 +34,20 @@ _APPLIES = {
     "momentum": ("sgd",),
     "nesterov": ("sgd",),
 }
+#: Schedule keys only some schedules read.
+_SCHEDULE_APPLIES = {
+    "every": ("step",),
+    "gamma": ("step",),
+    "min_lr_ratio": ("cosine", "linear", "step"),
+}
+
+
+def applicable(section: str, values: dict) -> dict:
+    """The keys of a recorded ``optim`` or ``schedule`` section that its named optimizer
+    or schedule reads (``slhub inspect`` shows no momentum for adam)."""
+    table = _APPLIES if section == "optim" else _SCHEDULE_APPLIES
+    name = values.get("name")
+    return {k: v for k, v in values.items() if k not in table or name in table[k]}
 
 
 class OptimSection(BaseModel):

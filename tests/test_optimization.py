@@ -181,3 +181,5 @@ def test_inspect_shows_optimizer_and_schedule(capsys, tmp_path: Path):
     assert "optim:      adamw betas=[0.8, 0.99]" in out and "weight_decay=0.01" in out
     assert "schedule:   cosine warmup_steps=3 min_lr_ratio=0.1" in out
     assert "stepped 10 times" in out
+    # only what adamw and cosine read: no momentum, nesterov, every or gamma
+    assert not any(key in out for key in ("momentum", "nesterov", "every=", "gamma"))
