@@ -1,0 +1,212 @@
+"""slhub's per-update overhead on one process, interleaved with a hand-written loop in blocks.
+
+    OMP_NUM_THREADS=1 python benchmarks/interleaved_overhead.py     # 4000 updates, blocks of 100
+
+For a shared, noisy machine: instead of timing two launches minutes apart,
+one process runs slhub (``slhub.train`` on ``examples/sl_ddp/cpu.yaml``) and a
+hand-written loop doing the same work (as in ``sl_ddp_vs_torch.py``, one
+process: validation every 50, durable checkpoint every 100) side by side, in
+alternating blocks of ``--block`` updates: from slhub's ``on_log`` at every
+block's last update a probe plugin runs the next block of the hand loop. So
+both see the same load within seconds, and each block of either contains one
+checkpoint and two validations. Per block it records wall time
+(``perf_counter``) and this thread's CPU time (``thread_time``, which does not
+count time spent waiting for a CPU).
+
+slhub's block is the time from the probe's return to its next call: updates,
+its boundaries and the probe's own ``on_log`` calls (a few microseconds per
+update). The first block of each is a warm-up and not counted. It prints
+medians and the median of per-block ratios, and checks that both loops
+produced the same metrics and bitwise-equal weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+import slhub  # noqa: E402
+from examples.sl_ddp.plugin import make_corpus, masked_mse  # noqa: E402
+from slhub import hookimpl  # noqa: E402
+from slhub.trainer import sampler_seed  # noqa: E402
+
+SEED, BATCH, LR, VALIDATE_EVERY, SAVE_EVERY = 0, 32, 1e-3, 50, 100
+
+
+def _atomic_write(data: bytes, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def hand_loop(out: Path, updates: int):
+    """The hand-written loop as a generator: one ``next()`` per update."""
+    random.seed(SEED)
+    np.random.seed(SEED)
+    torch.manual_seed(SEED)
+    x_train, y_train, m_train = make_corpus(4096, 1234)
+    x_val, y_val, m_val = make_corpus(1024, 4321)
+    model = nn.Sequential(nn.Linear(4, 32), nn.Tanh(), nn.Linear(32, 2))
+    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+    generator = torch.Generator().manual_seed(sampler_seed(SEED, 0))
+    out.mkdir(parents=True, exist_ok=True)
+    metrics = open(out / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+    for step in range(1, updates + 1):
+        index = torch.randint(0, x_train.shape[0], (BATCH,), generator=generator)
+        x, y, mask = x_train[index], y_train[index], m_train[index]
+        loss, count = masked_mse(model(x), y, mask)
+        weight = float(count)
+        loss_value = float(loss.detach())
+        total_weight, weighted_loss = weight, weight * loss_value
+        optimizer.zero_grad(set_to_none=True)
+        lr = optimizer.param_groups[0]["lr"]
+        (loss * (weight * 1 / total_weight)).backward()
+        optimizer.step()
+        record = {
+            "step": step,
+            "train/loss": weighted_loss / total_weight,
+            "train/weight": total_weight,
+            "train/supervised": weight,
+            "train/lr": lr,
+        }
+        metrics.write(json.dumps(record, sort_keys=True) + "\n")
+        metrics.flush()
+        if step % VALIDATE_EVERY == 0:
+            model.eval()
+            with torch.no_grad():
+                val_loss, _ = masked_mse(model(x_val), y_val, m_val)
+            model.train()
+            record = {"step": step, "validation/mse": float(val_loss)}
+            metrics.write(json.dumps(record, sort_keys=True) + "\n")
+            metrics.flush()
+        if step % SAVE_EVERY == 0 or step == updates:
+            kind, keys, pos, has_gauss, cached = np.random.get_state()
+            state = {
+                "python": random.getstate(),
+                "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),
+                "torch": torch.get_rng_state(),
+                "sampler": generator.get_state(),
+            }
+            ckpt = {
+                "step": step,
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "ranks": [state],
+            }
+            buffer = io.BytesIO()
+            torch.save(ckpt, buffer)
+            data = buffer.getvalue()
+            _atomic_write(data, out / f"step_{step}.pt")
+            _atomic_write(data, out / "last.pt")
+            os.fsync(metrics.fileno())
+        yield step
+    metrics.close()
+
+
+class Interleave:
+    """Probe plugin: at each block end of slhub, run the hand loop's next block."""
+
+    def __init__(self, hand, block: int, updates: int) -> None:
+        self.hand, self.block, self.updates = hand, block, updates
+        self.times: dict[str, list[tuple[float, float]]] = {"slhub": [], "hand": []}
+        self._resumed: tuple[float, float] | None = None
+
+    @hookimpl
+    def on_log(self, trainer, step, metrics):
+        if "train/loss" not in metrics or step % self.block:
+            return
+        now = (time.perf_counter(), time.thread_time())
+        if self._resumed is not None:
+            wall, cpu = (now[0] - self._resumed[0], now[1] - self._resumed[1])
+            self.times["slhub"].append((wall, cpu))
+        started = (time.perf_counter(), time.thread_time())
+        for _ in range(self.block):
+            next(self.hand)
+        self.times["hand"].append(
+            (time.perf_counter() - started[0], time.thread_time() - started[1])
+        )
+        self._resumed = (time.perf_counter(), time.thread_time())
+
+
+def _check(a: Path, b: Path) -> str:
+    def lines(folder: Path) -> list[dict]:
+        return [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if x]
+
+    la, lb = lines(a), lines(b)
+    if la != lb:
+        return "DIFFERENT metrics"
+    ma = torch.load(a / "last.pt", weights_only=True)["model"]
+    mb = torch.load(b / "last.pt", weights_only=True)["model"]
+    exact = all(torch.equal(ma[k], mb[k]) for k in ma)
+    return "same metrics, bitwise-equal final weights" if exact else "DIFFERENT final weights"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--updates", type=int, default=4000, help="updates of each loop (4000)")
+    parser.add_argument("--block", type=int, default=100, help="updates per block (100)")
+    args = parser.parse_args(argv)
+    if args.updates % args.block or args.block % SAVE_EVERY:
+        raise SystemExit(f"--block must divide --updates and be a multiple of {SAVE_EVERY}")
+    base = Path(tempfile.mkdtemp(prefix="slhub-interleaved-"))
+    hand = hand_loop(base / "hand", args.updates)
+    probe = Interleave(hand, args.block, args.updates)
+    print(f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    overrides = [
+        f"trainer.output_dir={base / 'slhub'}",
+        f"trainer.steps={args.updates}",
+        f"trainer.validate_every={VALIDATE_EVERY}",
+        f"trainer.save_every={SAVE_EVERY}",
+    ]
+    slhub.train(ROOT / "examples" / "sl_ddp" / "cpu.yaml", overrides, log_format="json",
+                plugins=[probe])  # fmt: skip
+    for _ in hand:  # the hand loop's last step closes its metrics file
+        pass
+    print(f"load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    # slhub's block j (after the hand's block j) pairs with the hand's block j + 1; the
+    # first block of each (startup, model build) is left out.
+    pairs = list(zip(probe.times["slhub"][1:], probe.times["hand"][2:], strict=True))
+    print(
+        f"{len(pairs)} block pairs of {args.block} updates; {_check(base / 'slhub', base / 'hand')}"
+    )
+    print("| median per update | wall (ms) | thread CPU (ms) |")
+    print("|---|---:|---:|")
+    med = {}
+    for name, idx in (("hand", 1), ("slhub", 0)):
+        walls = [p[idx][0] * 1e3 / args.block for p in pairs]
+        cpus = [p[idx][1] * 1e3 / args.block for p in pairs]
+        med[name] = (statistics.median(walls), statistics.median(cpus))
+        print(f"| {name} | {med[name][0]:.4f} | {med[name][1]:.4f} |")
+    print(f"| slhub/hand | {med['slhub'][0] / med['hand'][0]:.3f} "
+          f"| {med['slhub'][1] / med['hand'][1]:.3f} |")  # fmt: skip
+    wall_ratio = statistics.median(s[0] / h[0] for s, h in pairs)
+    cpu_ratio = statistics.median(s[1] / h[1] for s, h in pairs)
+    print(f"median of per-block ratios: wall {wall_ratio:.3f}, thread CPU {cpu_ratio:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
