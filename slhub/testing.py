@@ -23,7 +23,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -205,6 +205,10 @@ class ResumeCheck:
         return torch.load(getattr(self, which) / "last.pt", map_location="cpu", weights_only=True)
 
 
+#: ``launcher(argv, workers, env, cwd, timeout) -> (exit statuses by rank, stderr)``.
+Launcher = Callable[[list[str], int, Mapping[str, str], Path, float], tuple[list[int], str]]
+
+
 def _command(workers: int) -> list[str]:
     if workers == 1:
         return [sys.executable, "-m", "slhub"]
@@ -246,6 +250,7 @@ def _train(
     resume: Path | None = None,
     in_process: bool = False,
     stop_at: int = 0,
+    launcher: Launcher | None = None,
 ) -> None:
     """One run; with ``stop_at`` it must end preempted at that update."""
     expected = EXIT_PREEMPTED if stop_at else 0
@@ -269,18 +274,28 @@ def _train(
             raise AssertionError(f"the run was not preempted at update {stop_at}")
         return
     env = {**(env or os.environ), STOP_AT_ENV: str(stop_at or "")}
-    args = [*_command(workers), "train", "--config", str(recipe)]
+    argv = ["train", "--config", str(recipe)]
     for item in sets:
-        args += ["--set", item]
+        argv += ["--set", item]
     if resume is not None:
-        args += ["--resume", str(resume)]
-    proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    if stop_at and workers > 1:  # torchrun reports its workers' 75 as its own failure
-        ok = proc.returncode != 0 and f"stop signal at update {stop_at}:" in proc.stderr
+        argv += ["--resume", str(resume)]
+    if launcher is not None:
+        codes, stderr = launcher(argv, workers, env, cwd or Path.cwd(), timeout)
+        ok = codes == [expected] * workers
+        args = argv
+        code: Any = codes
     else:
-        ok = proc.returncode == expected
+        args = [*_command(workers), *argv]
+        proc = subprocess.run(
+            args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+        )
+        code, stderr = proc.returncode, proc.stderr
+        if stop_at and workers > 1:  # torchrun reports its workers' 75 as its own failure
+            ok = code != 0 and f"stop signal at update {stop_at}:" in stderr
+        else:
+            ok = code == expected
     if not ok:
-        raise AssertionError(f"{' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
+        raise AssertionError(f"{' '.join(args)} exited {code}:\n{stderr[-4000:]}")
 
 
 def check_resume_exact(
@@ -295,6 +310,7 @@ def check_resume_exact(
     env: Mapping[str, str] | None = None,
     timeout: float = 300.0,
     in_process: bool = False,
+    launcher: Launcher | None = None,
 ) -> ResumeCheck:
     """Train ``recipe`` uninterrupted and stopped-at-``stop_at``-then-resumed; compare.
 
@@ -309,7 +325,11 @@ def check_resume_exact(
     ``cwd`` (default: the current directory) on ``PYTHONPATH``. With
     ``in_process`` (one worker only) the three runs call
     :func:`slhub.train` in this process instead: much faster, and exact as
-    well, since every run seeds and restores every random stream itself.
+    well, since every run seeds and restores every random stream itself. A
+    ``launcher`` replaces how the processes start (a test suite may fork them
+    from a warm server): ``launcher(argv, workers, env, cwd, timeout)`` runs
+    ``slhub ARGV`` on ``workers`` ranks with torchrun's environment and
+    returns ``(exit statuses by rank, stderr)``.
 
     :raises AssertionError: a run failed, or the final checkpoints differ in
         step, model, optimizer, scheduler or any rank's state (the message
@@ -331,7 +351,9 @@ def check_resume_exact(
     plugins = as_recipe(recipe, list(overrides)).plugins
     base = list(overrides)
     stopping = [*base, f"plugins={json.dumps([*plugins, 'slhub.testing:StopAt'])}"]
-    launch: dict[str, Any] = {"workers": workers, "cwd": cwd, "env": run_env, "timeout": timeout}
+    launch: dict[str, Any] = {
+        "workers": workers, "cwd": cwd, "env": run_env, "timeout": timeout, "launcher": launcher
+    }  # fmt: skip
     if in_process:
         if workers != 1:
             raise ValueError("in_process runs one worker only")

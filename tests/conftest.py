@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+import warm_processes
 import yaml
 
 from slhub.recipe import as_recipe
@@ -35,15 +36,10 @@ def subprocess_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120):
-    """``python -m slhub ARGS`` in the repository root."""
-    return subprocess.run(
-        [sys.executable, "-m", "slhub", *args],
-        cwd=REPO,
-        env=subprocess_env(env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """``python -m slhub ARGS`` in the repository root, as a fresh process forked from
+    a warm server (tests/warm_processes.py: no interpreter start-up)."""
+    _, [(code, out, err)] = warm_processes.run(args, [subprocess_env(env)], REPO, timeout)
+    return subprocess.CompletedProcess(["slhub", *args], code, out, err)
 
 
 def run_torchrun(*args: str, nproc: int = 2, env: dict[str, str] | None = None, timeout=180):
@@ -155,17 +151,16 @@ def free_port() -> int:
 
 
 def launch_workers(*args: str, nproc: int = 2, env: dict[str, str] | None = None, timeout=120):
-    """Start N ``python -m slhub`` workers with torchrun's environment, without torchrun.
+    """Start N ``slhub`` workers with torchrun's environment, without torchrun.
 
     torchrun tears the other workers down as soon as one exits, which hides how
     each rank ends; launching them directly shows every rank's exit status and
-    message. Returns ``(seconds, [(returncode, stderr), ...])`` by rank.
+    message. Each is a fresh process forked from a warm server
+    (tests/warm_processes.py). Returns ``(seconds, [(returncode, stderr), ...])``
+    by rank.
     """
-    import time
-
     port = str(free_port())
-    procs = []
-    start = time.monotonic()
+    envs = []
     for rank in range(nproc):
         worker_env = subprocess_env(env)
         worker_env.update(
@@ -176,26 +171,23 @@ def launch_workers(*args: str, nproc: int = 2, env: dict[str, str] | None = None
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=port,
         )
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "slhub", *args],
-                cwd=REPO,
-                env=worker_env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    results = []
-    for proc in procs:
-        try:
-            _, err = proc.communicate(timeout=max(1.0, timeout - (time.monotonic() - start)))
-        except subprocess.TimeoutExpired:
-            for other in procs:
-                other.kill()
-            raise
-        results.append((proc.returncode, err))
-    return time.monotonic() - start, results
+        envs.append(worker_env)
+    seconds, results = warm_processes.run(args, envs, REPO, timeout)
+    return seconds, [(code, err) for code, _, err in results]
+
+
+def warm_launcher(argv, workers, env, cwd, timeout) -> tuple[list[int], str]:
+    """A ``launcher`` for :func:`slhub.testing.check_resume_exact`: workers forked from the
+    warm server with torchrun's environment (tests/warm_processes.py)."""
+    port = str(free_port())
+    envs = [
+        {**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(workers),
+         "LOCAL_WORLD_SIZE": str(workers), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+        if workers > 1 else dict(env)
+        for rank in range(workers)
+    ]  # fmt: skip
+    _, results = warm_processes.run(argv, envs, cwd, timeout)
+    return [code for code, _, _ in results], "\n".join(err for _, _, err in results)
 
 
 def launch_workers_ok(*args: str, **kwargs: Any) -> None:

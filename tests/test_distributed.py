@@ -20,6 +20,7 @@ from conftest import (
     metrics_of,
     run_torchrun,
     subprocess_env,
+    warm_launcher,
     write_recipe,
 )
 from slhub.testing import check_resume_exact
@@ -43,8 +44,9 @@ def recovery_runs(tmp_path_factory):
         **common,
     )
     check = check_resume_exact(
-        recipe, stop_at=6, workdir=tmp, workers=2, in_place=True, cwd=REPO, env=subprocess_env()
-    )
+        recipe, stop_at=6, workdir=tmp, workers=2, in_place=True, cwd=REPO, env=subprocess_env(),
+        launcher=warm_launcher,
+    )  # fmt: skip
     return check.uninterrupted, check.resumed, recipe
 
 
@@ -146,8 +148,7 @@ def test_weighted_update_matches_concatenated_batch_oracle(tmp_path: Path):
         trainer__lr=0.01,
         trainer__output_dir=str(out),
     )
-    proc = run_torchrun("train", "--config", str(recipe))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    launch_workers_ok("train", "--config", str(recipe))
     weights = {m["step"]: m["train/weight"] for m in metrics_of(out)}
     assert weights[1] != weights[3]  # unequal valid counts happen
     for steps in (1, 3):

@@ -15,9 +15,9 @@ from conftest import (
     REPO,
     assert_tree_equal,
     cli_error,
+    launch_workers_ok,
     load,
     metrics_of,
-    run_torchrun,
     train_stopped_then_resumed,
     write_recipe,
 )
@@ -69,8 +69,7 @@ class _Runs(dict):
         if name == "single":
             slhub.train(recipe, [f"trainer.output_dir={tmp / 'single'}"])
         elif name == "ddp":
-            proc = run_torchrun("train", "--config", str(recipe))
-            assert proc.returncode == 0, proc.stderr[-3000:]
+            launch_workers_ok("train", "--config", str(recipe))
         elif name == "resumed":
             train_stopped_then_resumed(recipe, 3, tmp / "stopped", tmp / "resumed")
         else:
