@@ -10,7 +10,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, cli_error, launch_workers, load, metrics_of, subprocess_env, write_recipe
+from conftest import (
+    REPO,
+    cli_error,
+    launch_workers,
+    load,
+    metrics_of,
+    subprocess_env,
+    warm_launcher,
+    write_recipe,
+)
 from examples.sl_ddp.plugin import masked_mse
 from slhub.optim import ScheduleSection, lr_multiplier
 from slhub.testing import StandInTrainer, check_resume_exact, hooks_of, sampler_generator
@@ -57,7 +66,7 @@ def test_feature_resumes_bit_exact_on_one_process(tmp_path: Path, feature: str):
 def test_feature_resumes_bit_exact_on_two_gloo_workers(tmp_path: Path, feature: str):
     check = check_resume_exact(
         _recipe(tmp_path, feature), stop_at=5, workdir=tmp_path, workers=2, cwd=REPO,
-        env=subprocess_env(),
+        env=subprocess_env(), launcher=warm_launcher,
     )  # fmt: skip
     _assert_feature_visible(feature, check.uninterrupted)
     later = [m for m in metrics_of(check.uninterrupted) if m["step"] > 5]
