@@ -12,17 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import (
-    REPO,
-    SL_DDP,
-    cli_error,
-    load,
-    metrics_of,
-    one_line_error,
-    run_cli,
-    subprocess_env,
-)
+from conftest import REPO, SL_DDP, cli_error, load, metrics_of, subprocess_env
 from conftest import write_recipe as _write
+from slhub import cli, train
 
 
 @pytest.fixture(scope="module")
@@ -30,13 +22,15 @@ def ckpt(tmp_path_factory) -> Path:
     """A real two-update checkpoint to damage."""
     tmp = tmp_path_factory.mktemp("ckpt")
     recipe = _write(tmp / "r.yaml", trainer__steps=2, trainer__output_dir=str(tmp / "o"))
-    assert run_cli("train", "--config", str(recipe)).returncode == 0
+    train(str(recipe))
     return tmp / "o" / "last.pt"
 
 
-def _train(tmp_path: Path, *args: str, **changes) -> subprocess.CompletedProcess:
+def _train(capsys, tmp_path: Path, *args: str, **changes) -> tuple[int, str]:
+    """``slhub train`` run in this process: its exit status and stderr."""
     recipe = _write(tmp_path / "r.yaml", trainer__output_dir=str(tmp_path / "out"), **changes)
-    return run_cli("train", "--config", str(recipe), *args)
+    code = cli.main(["train", "--config", str(recipe), *args])
+    return code, capsys.readouterr().err
 
 
 def _train_error(capsys, tmp_path: Path, *args: str, **changes) -> str:
@@ -125,14 +119,15 @@ def test_damaged_or_foreign_checkpoint(capsys, tmp_path, ckpt: Path, case: str, 
 
 
 @pytest.mark.parametrize("command", ["inspect", "resume"])
-def test_a_directory_where_a_checkpoint_file_belongs(tmp_path: Path, ckpt: Path, command: str):
+def test_a_directory_where_a_checkpoint_file_belongs(
+    capsys, tmp_path: Path, ckpt: Path, command: str
+):
     folder = ckpt.parent
-    proc = (
-        run_cli("inspect", str(folder))
+    line = (
+        cli_error(capsys, "inspect", str(folder))
         if command == "inspect"
-        else _train(tmp_path, "--resume", str(folder))
+        else _train_error(capsys, tmp_path, "--resume", str(folder))
     )
-    line = one_line_error(proc)
     assert f"{folder}: is a directory, not a checkpoint file" in line and "last.pt" in line
 
 
@@ -156,27 +151,28 @@ def test_metrics_write_failure_is_one_line(tmp_path: Path):
         cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=120,
         preexec_fn=limit,
     )  # fmt: skip
-    line = one_line_error_in(proc)
+    line = one_line_error_in(proc.returncode, proc.stderr)
     assert "metrics.jsonl: cannot append metrics (File too large)" in line
 
 
-def one_line_error_in(proc: subprocess.CompletedProcess) -> str:
+def one_line_error_in(returncode: int, stderr: str) -> str:
     """Exit 2, no traceback, exactly one ``slhub: error:`` line (log lines may precede it)."""
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("slhub: error:")]
-    assert len(lines) == 1, proc.stderr[-2000:]
+    assert returncode == 2, stderr[-2000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    lines = [line for line in stderr.splitlines() if line.startswith("slhub: error:")]
+    assert len(lines) == 1, stderr[-2000:]
     return lines[0]
 
 
-def test_a_failed_run_can_start_over_without_deleting_by_hand(tmp_path: Path):
+def test_a_failed_run_can_start_over_without_deleting_by_hand(capsys, tmp_path: Path):
     out = tmp_path / "out"
-    assert _train(tmp_path, trainer__steps=4).returncode == 0
-    proc = _train(tmp_path, trainer__steps=4)  # the same command again
-    assert "already holds run artifacts" in one_line_error(proc) and "--overwrite" in proc.stderr
+    code, err = _train(capsys, tmp_path, trainer__steps=4)
+    assert code == 0, err[-2000:]
+    line = _train_error(capsys, tmp_path, trainer__steps=4)  # the same command again
+    assert "already holds run artifacts" in line and "--overwrite" in line
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name[0] != "."}
-    again = _train(tmp_path, "--overwrite", trainer__steps=4)
-    assert again.returncode == 0, again.stderr[-2000:]
+    code, err = _train(capsys, tmp_path, "--overwrite", trainer__steps=4)
+    assert code == 0, err[-2000:]
     (aside,) = [p for p in out.iterdir() if p.name.startswith("superseded-")]
     assert {p.name: p.read_bytes() for p in aside.iterdir()} == before  # nothing deleted
     assert (
@@ -185,18 +181,25 @@ def test_a_failed_run_can_start_over_without_deleting_by_hand(tmp_path: Path):
     )
 
 
-def test_resume_auto_starts_over_a_run_that_failed_before_its_first_checkpoint(tmp_path: Path):
+def test_resume_auto_starts_over_a_run_that_failed_before_its_first_checkpoint(
+    capsys, monkeypatch, tmp_path: Path
+):
     out = tmp_path / "out"
     env = {"SLHUB_FAULT_PHASE": "sampling", "SLHUB_FAULT_RANK": "0", "SLHUB_FAULT_STEP": "2"}
     recipe = _write(
         tmp_path / "r.yaml", plugin="slhub_testplugins:FaultInjector", trainer__steps=4,
         trainer__save_every=0, trainer__output_dir=str(out),
     )  # fmt: skip
-    failed = run_cli("train", "--config", str(recipe), "--resume", "auto", env=env)
-    assert "failed during sampling" in one_line_error_in(failed)
+    with monkeypatch.context() as faulty:
+        for name, value in env.items():
+            faulty.setenv(name, value)
+        code = cli.main(["train", "--config", str(recipe), "--resume", "auto"])
+        err = capsys.readouterr().err
+    assert "failed during sampling" in one_line_error_in(code, err)
     assert (out / "run.json").exists() and not (out / "last.pt").exists()
-    fixed = run_cli("train", "--config", str(recipe), "--resume", "auto")
-    assert fixed.returncode == 0, fixed.stderr[-2000:]
+    code = cli.main(["train", "--config", str(recipe), "--resume", "auto"])
+    err = capsys.readouterr().err
+    assert code == 0, err[-2000:]
     assert [m["step"] for m in metrics_of(out) if "train/loss" in m] == [1, 2, 3, 4]
     assert len([p for p in out.iterdir() if p.name.startswith("superseded-")]) == 1
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import SL_DDP, load, one_line_error, run_cli
-from slhub import checkpoint, train
+from conftest import SL_DDP, cli_error, load, run_cli
+from slhub import checkpoint, cli, train
 from slhub.errors import ArtifactError, CheckpointError
 
 SHORT = ["trainer.steps=4", "trainer.validate_every=0", "trainer.save_every=2"]
@@ -41,22 +41,21 @@ def test_failure_mid_write_leaves_previous_last_intact(run_dir: Path, tmp_path: 
     assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in run_dir.iterdir())
 
 
-def test_truncated_checkpoint_is_refused_with_one_line(run_dir: Path, tmp_path: Path):
+def test_truncated_checkpoint_is_refused_with_one_line(capsys, run_dir: Path, tmp_path: Path):
     damaged = tmp_path / "damaged.pt"
     damaged.write_bytes((run_dir / "last.pt").read_bytes()[:5000])
     with pytest.raises(CheckpointError, match="damaged or not a checkpoint"):
         checkpoint.load_checkpoint(damaged)
     out = tmp_path / "resumed"
-    line = one_line_error(
-        run_cli(
-            "train",
-            "--config",
-            str(SL_DDP),
-            "--set",
-            f"trainer.output_dir={out}",
-            "--resume",
-            str(damaged),
-        )
+    line = cli_error(
+        capsys,
+        "train",
+        "--config",
+        str(SL_DDP),
+        "--set",
+        f"trainer.output_dir={out}",
+        "--resume",
+        str(damaged),
     )
     assert "damaged.pt: damaged or not a checkpoint" in line
     assert not out.exists()
@@ -151,15 +150,17 @@ def test_resume_refuses_another_plugin_source(run_dir: Path, tmp_path: Path):
         train(str(SL_DDP), [*SHORT, f"trainer.output_dir={tmp_path / 'q'}"], resume=str(forged))
 
 
-def test_inspect_describes_a_checkpoint(run_dir: Path):
-    proc = run_cli("inspect", str(run_dir / "last.pt"))
-    assert proc.returncode == 0, proc.stderr
-    assert "format:     slhub.checkpoint/2" in proc.stdout
-    assert "step:       4" in proc.stdout and "world size: 1" in proc.stdout
-    assert "ranks:      1 entries holding buffers, rng, sampler" in proc.stdout
+def test_inspect_describes_a_checkpoint(capsys, run_dir: Path):
+    code = cli.main(["inspect", str(run_dir / "last.pt")])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "format:     slhub.checkpoint/2" in out
+    assert "step:       4" in out and "world size: 1" in out
+    assert "ranks:      1 entries holding buffers, rng, sampler" in out
 
 
 def test_json_logs_carry_run_identity(tmp_path: Path):
+    """In a separate process (conftest.run_cli): every line it writes to stderr is checked."""
     out = tmp_path / "logged"
     proc = run_cli(
         "train",

@@ -5,6 +5,10 @@ installed through an entry point of the fake distribution ``fakeplug``, and
 ``slhub_testplugins:MetricsTap``, named as ``module:object``. Both must be called,
 in the documented order, and their checkpointed state must round-trip on resume
 bit for bit, on one process and on two Gloo workers.
+
+Runs on one process are in this process, with ``fakeplug`` put on ``sys.path`` (its
+entry points are then found as an installed distribution's); one run is a separate
+``slhub`` process with it on ``PYTHONPATH``, end to end.
 """
 
 from __future__ import annotations
@@ -15,12 +19,21 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TESTS, load, metrics_of, one_line_error, run_cli, write_recipe
+import slhub
+from conftest import REPO, TESTS, cli_error, load, metrics_of, run_cli, write_recipe
+from slhub import cli
 from slhub.testing import check_resume_exact
 
 FAKE_DISTS = str(TESTS / "fake_dists")
 ENV = {"PYTHONPATH": os.pathsep.join([FAKE_DISTS, str(TESTS), str(REPO)])}
 EXTRAS = ["commit_log", "slhub_testplugins:MetricsTap"]
+
+
+@pytest.fixture
+def fake_dists(monkeypatch) -> None:
+    """``fakeplug`` installed in this process for one test (import caches invalidated;
+    ``sys.path`` restored after)."""
+    monkeypatch.syspath_prepend(FAKE_DISTS)
 
 
 def _recipe(tmp_path: Path, plugins: list[str] = EXTRAS, **changes) -> Path:
@@ -35,10 +48,12 @@ def _recipe(tmp_path: Path, plugins: list[str] = EXTRAS, **changes) -> Path:
 
 
 @pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.slow)])
-def test_extra_plugins_are_called_and_resume_bit_exact(tmp_path: Path, workers: int):
+def test_extra_plugins_are_called_and_resume_bit_exact(tmp_path: Path, workers: int, fake_dists):
+    """One worker: the three runs in this process; two: each under torchrun."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", **ENV}
+    launch = {"in_process": True} if workers == 1 else {"cwd": REPO, "env": env}
     check = check_resume_exact(
-        _recipe(tmp_path), stop_at=3, workdir=tmp_path, workers=workers, cwd=REPO, env=env
+        _recipe(tmp_path), stop_at=3, workdir=tmp_path, workers=workers, **launch
     )
     full = check.final("uninterrupted")
     assert len(full["ranks"]) == workers
@@ -72,7 +87,9 @@ def test_extra_plugins_are_called_and_resume_bit_exact(tmp_path: Path, workers: 
 
 
 def test_calling_order_follows_the_recipe(tmp_path: Path):
-    """Listed before commit_log, the tap runs first and does not see its metric."""
+    """Listed before commit_log, the tap runs first and does not see its metric. End to end:
+    a separate ``slhub train`` process (conftest.run_cli) finds commit_log's distribution
+    on PYTHONPATH."""
     recipe = _recipe(
         tmp_path, plugins=list(reversed(EXTRAS)), trainer__output_dir=str(tmp_path / "o")
     )
@@ -82,47 +99,48 @@ def test_calling_order_follows_the_recipe(tmp_path: Path):
     assert train and all(m["train/tap_saw_commit_log"] is False for m in train)
 
 
-def test_resume_with_another_plugin_set_is_refused(tmp_path: Path):
+def test_resume_with_another_plugin_set_is_refused(capsys, tmp_path: Path, fake_dists):
     recipe = _recipe(tmp_path, trainer__output_dir=str(tmp_path / "o"), trainer__steps=3)
-    assert run_cli("train", "--config", str(recipe), env=ENV).returncode == 0
+    slhub.train(str(recipe))
+    capsys.readouterr()  # that run's log
     fewer = _recipe(tmp_path, plugins=EXTRAS[:1], trainer__output_dir=str(tmp_path / "p"))
-    proc = run_cli(
-        "train", "--config", str(fewer), "--resume", str(tmp_path / "o" / "last.pt"), env=ENV
+    line = cli_error(
+        capsys, "train", "--config", str(fewer), "--resume", str(tmp_path / "o" / "last.pt")
     )
-    line = one_line_error(proc)
     assert "plugins differ" in line and "MetricsTap" in line
     assert not (tmp_path / "p").exists()
 
 
-def test_extra_plugin_may_not_implement_a_model_hook(tmp_path: Path):
+def test_extra_plugin_may_not_implement_a_model_hook(capsys, tmp_path: Path, fake_dists):
     recipe = _recipe(
         tmp_path,
         plugins=["slhub_testplugins:ExtraWithObjective"],
         trainer__output_dir=str(tmp_path / "o"),
     )
-    line = one_line_error(run_cli("train", "--config", str(recipe), env=ENV))
+    line = cli_error(capsys, "train", "--config", str(recipe))
     assert "ExtraWithObjective" in line and "objective" in line and "only the model plugin" in line
     assert not (tmp_path / "o").exists()
 
 
-def test_a_plugin_listed_twice_is_refused(tmp_path: Path):
+def test_a_plugin_listed_twice_is_refused(capsys, tmp_path: Path, fake_dists):
     recipe = _recipe(
         tmp_path, plugins=["commit_log", "commit_log"], trainer__output_dir=str(tmp_path / "o")
     )
-    line = one_line_error(run_cli("train", "--config", str(recipe), env=ENV))
+    line = cli_error(capsys, "train", "--config", str(recipe))
     assert "plugins" in line and "commit_log more than once" in line
 
 
-def test_an_extra_plugins_section_is_validated(tmp_path: Path):
+def test_an_extra_plugins_section_is_validated(capsys, tmp_path: Path, fake_dists):
     recipe = _recipe(tmp_path, trainer__output_dir=str(tmp_path / "o"))
-    proc = run_cli("train", "--config", str(recipe), "--set", "commit_log.draws=0", env=ENV)
-    assert "commit_log.draws: must be > 0" in one_line_error(proc)
-    proc = run_cli("train", "--config", str(recipe), "--set", "plugins=[]", env=ENV)
-    assert "commit_log: unknown key" in one_line_error(proc)
+    line = cli_error(capsys, "train", "--config", str(recipe), "--set", "commit_log.draws=0")
+    assert "commit_log.draws: must be > 0" in line
+    line = cli_error(capsys, "train", "--config", str(recipe), "--set", "plugins=[]")
+    assert "commit_log: unknown key" in line
 
 
-def test_plugins_lists_an_extra_plugin_as_extra():
-    proc = run_cli("plugins", env=ENV)
-    assert proc.returncode == 0, proc.stderr
-    row = next(line for line in proc.stdout.splitlines() if line.startswith("commit_log "))
+def test_plugins_lists_an_extra_plugin_as_extra(capsys, fake_dists):
+    code = cli.main(["plugins"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    row = next(line for line in out.splitlines() if line.startswith("commit_log "))
     assert row.split()[1] == "extra" and "fakeplug 1.2" in row and "on_commit" in row

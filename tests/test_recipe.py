@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SL_DDP, one_line_error, run_cli, write_recipe
+from conftest import SL_DDP, cli_error, one_line_error, run_cli, write_recipe
 from slhub.errors import RecipeError
 from slhub.recipe import apply_overrides, load_recipe, recipe_differences
 
@@ -50,7 +50,7 @@ def test_recipe_differences_ignore_resumable_keys():
         ("not_a_mapping", "bad.yaml: a recipe must be a YAML mapping"),
     ],
 )
-def test_bad_recipes_exit_2_with_one_line(tmp_path: Path, case: str, expected: str):
+def test_bad_recipes_exit_2_with_one_line(capsys, tmp_path: Path, case: str, expected: str):
     bad = tmp_path / "bad.yaml"
     out = f"trainer__output_dir={tmp_path / 'out'}"
     key, value = out.split("=")
@@ -70,11 +70,12 @@ def test_bad_recipes_exit_2_with_one_line(tmp_path: Path, case: str, expected: s
         write_recipe(bad, optimiser={"kind": "sgd"}, **{key: value})
     elif case == "not_a_mapping":
         bad.write_text("- just\n- a list\n")
-    line = one_line_error(run_cli("train", "--config", str(bad)))
+    line = cli_error(capsys, "train", "--config", str(bad))
     assert expected in line
     assert not (tmp_path / "out").exists()
 
 
 def test_unknown_cli_option_exits_2():
+    """End to end, in a separate process (conftest.run_cli): argparse's exit is one line, 2."""
     proc = run_cli("train", "--config", str(SL_DDP), "--bogus")
     assert one_line_error(proc).startswith("slhub: error: unrecognized arguments: --bogus")

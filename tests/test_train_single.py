@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SL_DDP, assert_tree_equal, load, metrics_of, one_line_error, run_cli
+from conftest import SL_DDP, assert_tree_equal, cli_error, load, metrics_of, run_cli
+from slhub import train
 from slhub.artifacts import LOCK_FILE
 
 
@@ -24,9 +25,9 @@ def _digests(folder: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
+    """The sl_ddp recipe trained in this process (the resume below runs in another)."""
     out = tmp_path_factory.mktemp("sl_ddp") / "D"
-    proc = run_cli("train", "--config", str(SL_DDP), "--set", f"trainer.output_dir={out}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    train(str(SL_DDP), [f"trainer.output_dir={out}"])
     return out
 
 
@@ -53,15 +54,18 @@ def test_every_checkpoint_loads_weights_only(trained: Path):
     assert_tree_equal(load(trained / "step_200.pt"), load(trained / "last.pt"))
 
 
-def test_same_command_into_used_directory_exits_2_and_leaves_it_unchanged(trained: Path):
+def test_same_command_into_used_directory_exits_2_and_leaves_it_unchanged(capsys, trained: Path):
     before = _digests(trained)
-    proc = run_cli("train", "--config", str(SL_DDP), "--set", f"trainer.output_dir={trained}")
-    line = one_line_error(proc)
+    line = cli_error(
+        capsys, "train", "--config", str(SL_DDP), "--set", f"trainer.output_dir={trained}"
+    )
     assert "already holds run artifacts" in line and str(trained) in line
     assert _digests(trained) == before
 
 
 def test_resume_into_fresh_directory_is_exact(trained: Path, tmp_path: Path):
+    """End to end: ``slhub train --resume`` in a separate process (conftest.run_cli)
+    continues the run trained in this one bit for bit."""
     fresh = tmp_path / "E"
     proc = run_cli(
         "train",
