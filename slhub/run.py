@@ -143,7 +143,6 @@ def _train_on(read: Any, start: _Start, device: torch.device) -> Path:
     loop, ckpt, error = _admit(read, start, device)
     _agree_or_raise(error, device)
     assert loop is not None
-    _agree_or_raise(_same_start(loop), device)
     run_lock: artifacts.RunLock | None = None
     try:
         if loop.is_main:
@@ -306,17 +305,6 @@ def _check_same_file(path: Path, data: bytes, offer: dict[str, str]) -> None:
             "on rank 0); remove it from this node (it then receives rank 0's checkpoint) or "
             "make it rank 0's file"
         )
-
-
-def _same_start(loop: Loop) -> BaseException | None:
-    """Every rank must start from rank 0's update (a guard: every rank resumes from
-    rank 0's checkpoint, or every rank starts fresh)."""
-    start = distributed.broadcast_from_rank0(loop.step)
-    if start == loop.step:
-        return None
-    return CheckpointError(
-        f"rank {loop.rank} starts at update {loop.step} but rank 0 at update {start}"
-    )
 
 
 def _agree_or_raise(error: BaseException | None, device: torch.device) -> None:
