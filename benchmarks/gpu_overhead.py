@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from durable import durable_write  # noqa: E402 - benchmarks/durable.py
 from torch import nn  # noqa: E402
 
 import slhub  # noqa: E402
@@ -56,20 +57,6 @@ SYNC_WINDOW = 20
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def _atomic_write(data: bytes, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class SyncCounter:
@@ -163,8 +150,8 @@ def hand(out: Path, device: torch.device, hidden: int, batch: int, updates: int,
             }
             buffer = io.BytesIO()
             torch.save(ckpt, buffer)
-            _atomic_write(buffer.getvalue(), out / f"step_{step}.pt")
-            _atomic_write(buffer.getvalue(), out / "last.pt")
+            durable_write(buffer.getvalue(), out / f"step_{step}.pt")
+            durable_write(buffer.getvalue(), out / "last.pt")
             os.fsync(metrics.fileno())
         if step == 1:
             _sync(device)

@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from durable import durable_write  # noqa: E402 - benchmarks/durable.py
 from torch import nn  # noqa: E402
 
 import slhub  # noqa: E402
@@ -46,20 +47,6 @@ from slhub import hookimpl  # noqa: E402
 from slhub.trainer import sampler_seed  # noqa: E402
 
 SEED, BATCH, LR, VALIDATE_EVERY, SAVE_EVERY = 0, 32, 1e-3, 50, 100
-
-
-def _atomic_write(data: bytes, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def hand_loop(out: Path, updates: int):
@@ -119,8 +106,8 @@ def hand_loop(out: Path, updates: int):
             buffer = io.BytesIO()
             torch.save(ckpt, buffer)
             data = buffer.getvalue()
-            _atomic_write(data, out / f"step_{step}.pt")
-            _atomic_write(data, out / "last.pt")
+            durable_write(data, out / f"step_{step}.pt")
+            durable_write(data, out / "last.pt")
             os.fsync(metrics.fileno())
         yield step
     metrics.close()

@@ -64,6 +64,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from durable import durable_write  # noqa: E402 - benchmarks/durable.py
+
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "examples" / "sl_ddp" / "cpu.yaml"
 SEED = 0
@@ -81,20 +83,6 @@ sys.path.insert(0, str(ROOT))
 
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat().replace("+00:00", "Z")
-
-
-def _atomic_write(data: bytes, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def hand_worker(updates: int, output_dir: Path, sampler_seeds: list[int]) -> None:
@@ -189,8 +177,8 @@ def hand_worker(updates: int, output_dir: Path, sampler_seeds: list[int]) -> Non
                 buffer = io.BytesIO()
                 torch.save(ckpt, buffer)
                 data = buffer.getvalue()
-                _atomic_write(data, output_dir / f"step_{step}.pt")
-                _atomic_write(data, output_dir / "last.pt")
+                durable_write(data, output_dir / f"step_{step}.pt")
+                durable_write(data, output_dir / "last.pt")
                 os.fsync(metrics.fileno())
 
     if metrics is not None:
@@ -285,7 +273,7 @@ def lightning_worker(updates: int, output_dir: Path, sampler_seeds: list[int]) -
         def save_checkpoint(self, checkpoint, path, storage_options=None):
             buffer = io.BytesIO()
             torch.save(checkpoint, buffer)
-            _atomic_write(buffer.getvalue(), Path(path))
+            durable_write(buffer.getvalue(), Path(path))
             if metrics is not None:
                 os.fsync(metrics.fileno())
 
