@@ -477,7 +477,9 @@ class Loop:
             ranks=self._committed,
         )
         path = self.output_dir / name
-        checkpoint.save_checkpoint(ckpt, path, self.output_dir / "last.pt")
+        # last.pt first: it is what --resume auto continues from, so a kill between the
+        # two writes must not leave step_N.pt without a last.pt (nor last.pt behind it)
+        checkpoint.save_checkpoint(ckpt, self.output_dir / "last.pt", path)
         if self.metrics is not None:
             self.metrics.sync()
         LOG.info("checkpoint", file=name)
