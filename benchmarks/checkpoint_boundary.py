@@ -59,7 +59,10 @@ class Probe:
             run=loop.identity,
             model=loop.model.state_dict(),
             optimizer=loop.optimizer.state_dict(),
-            scheduler={"schedule": loop.scheduler.state_dict(), "scaler": None},
+            scheduler={
+                "schedule": loop.scheduler.state_dict() if loop.scheduler is not None else None,
+                "scaler": None,
+            },
             ranks=loop._committed,
         )
         metrics_fd = os.open(loop.output_dir / "metrics.jsonl", os.O_RDONLY)

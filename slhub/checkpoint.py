@@ -532,4 +532,4 @@ def _schedule_state(scheduler: Any) -> str:
     schedule = scheduler.get("schedule") if isinstance(scheduler, dict) else None
     if isinstance(schedule, dict) and "last_epoch" in schedule:
         return f"; stepped {schedule['last_epoch']} times"
-    return "; no schedule state"
+    return "; no schedule state (a constant rate)"

@@ -21,7 +21,7 @@ from conftest import (
     write_recipe,
 )
 from examples.sl_ddp.plugin import masked_mse
-from slhub.optim import ScheduleSection, lr_multiplier
+from slhub.optim import ScheduleSection, build_schedule, lr_multiplier
 from slhub.testing import StandInTrainer, check_resume_exact, hooks_of, sampler_generator
 from slhub_testplugins import AccumulationProbe
 
@@ -78,13 +78,14 @@ def _assert_feature_visible(feature: str, run: Path) -> None:
     train = [m for m in metrics_of(run) if "train/loss" in m]
     lrs = [m["train/lr"] for m in train]
     ckpt = load(run / "last.pt")
-    assert ckpt["scheduler"]["schedule"]["last_epoch"] == 10
     if feature in FEATURES and "schedule" in FEATURES[feature]:
+        assert ckpt["scheduler"]["schedule"]["last_epoch"] == 10
         cfg = ScheduleSection.model_validate(FEATURES[feature]["schedule"])
         f = lr_multiplier(cfg, 10)
         assert lrs == [pytest.approx(0.01 * f(i), rel=1e-12) for i in range(10)]
         assert len(set(lrs)) > 1
-    else:
+    else:  # a constant rate has no schedule to step or to save
+        assert ckpt["scheduler"]["schedule"] is None
         assert lrs == [0.01] * 10
     if feature == "clipping":
         norms = [m["train/grad_norm"] for m in train]
@@ -192,3 +193,14 @@ def test_inspect_shows_optimizer_and_schedule(capsys, tmp_path: Path):
     assert "stepped 10 times" in out
     # only what adamw and cosine read: no momentum, nesterov, every or gamma
     assert not any(key in out for key in ("momentum", "nesterov", "every=", "gamma"))
+
+
+def test_a_constant_rate_has_no_schedule_and_a_warmup_has_one():
+    """A constant rate without warmup steps nothing per update (no ``LambdaLR``, whose
+    step and ``optimizer.step`` wrapper cost every update); with warmup it is scheduled."""
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    assert build_schedule(optimizer, ScheduleSection(), 10) is None
+    warm = build_schedule(optimizer, ScheduleSection(warmup_steps=2), 10)
+    assert isinstance(warm, torch.optim.lr_scheduler.LambdaLR)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.05, rel=1e-12)

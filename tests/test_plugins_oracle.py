@@ -143,7 +143,8 @@ def _oracle(recipe_path: Path, world: int, steps: int) -> tuple[dict, list[list[
             rate["train/grad_norm"] = float(norm)
         rates.append(rate)
         optimizer.step()
-        schedule.step()
+        if schedule is not None:  # None: a constant rate
+            schedule.step()
     return {n: p.detach().clone() for n, p in model.named_parameters()}, weights, rates
 
 
