@@ -57,7 +57,9 @@ class LossResult:
     batch; ``weight`` is the number of valid supervision elements behind that
     mean. The committed update is the gradient of ``sum(w_r * L_r) / sum(w_r)``
     over ranks, so unequal valid counts are weighted correctly. A rank whose
-    weight is 0 contributes nothing, whatever its loss value. ``metrics`` are
+    weight is 0 contributes nothing, whatever its loss value. The loop reads a
+    tensor weight once (a host sync on a GPU) and stores the float back in
+    ``weight``, so ``scale_loss`` and ``on_commit`` see a float. ``metrics`` are
     extra scalars logged to metrics.jsonl under ``train/<name>`` (rank 0's
     local values).
     """

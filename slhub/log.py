@@ -26,6 +26,9 @@ FORMATS = ("console", "json")
 IDENTITY_KEYS = ("run_id", "world_size")
 
 _format = "console"
+#: The update every event is about (None before training): a plain global, set once per
+#: update (:func:`set_step`), where a context variable would cost a copy of the context.
+_step: int | None = None
 #: Wraps every console write while a progress bar is shown (it clears and redraws the bar).
 _write_wrapper: Callable[..., AbstractContextManager] | None = None
 
@@ -49,16 +52,17 @@ def set_write_wrapper(wrapper: Callable[..., AbstractContextManager] | None) -> 
 
 def configure(fmt: str = "console", rank: int = 0, world_size: int = 1) -> None:
     """Configure structlog for this process (idempotent)."""
-    global _format
+    global _format, _step
     _format = fmt
+    _step = None
     level = logging.INFO if rank == 0 else logging.WARNING
     processors: list[Any] = [
         structlog.contextvars.merge_contextvars,
+        _add_step,
         structlog.processors.add_log_level,
     ]
     if fmt == "json":
         processors += [
-            _step_always,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.JSONRenderer(),
         ]
@@ -77,7 +81,7 @@ def configure(fmt: str = "console", rank: int = 0, world_size: int = 1) -> None:
         cache_logger_on_first_use=False,
     )
     structlog.contextvars.clear_contextvars()
-    structlog.contextvars.bind_contextvars(rank=rank, world_size=world_size, step=None)
+    structlog.contextvars.bind_contextvars(rank=rank, world_size=world_size)
 
 
 def current_format() -> str:
@@ -86,8 +90,14 @@ def current_format() -> str:
 
 
 def bind(**values: Any) -> None:
-    """Add context (``run_id``, ``step``) to every later event of this process."""
+    """Add context (``run_id``) to every later event of this process."""
     structlog.contextvars.bind_contextvars(**values)
+
+
+def set_step(step: int | None) -> None:
+    """The update every later event is about (an event's own ``step=`` wins)."""
+    global _step
+    _step = step
 
 
 def get_logger() -> Any:
@@ -100,7 +110,7 @@ def final_line(message: str, fmt: str, event: str = "error", level: str = "error
     ``step``), or one plain ``slhub: error: ...`` (``slhub: ...``) line."""
     if fmt != "json":
         return f"slhub: error: {message}" if level == "error" else f"slhub: {message}"
-    context = {"step": None, **structlog.contextvars.get_contextvars()}
+    context = {"step": _step, **structlog.contextvars.get_contextvars()}
     return json.dumps({"event": event, "level": level, "message": message, **context})
 
 
@@ -110,8 +120,8 @@ def significant(value: float, digits: int = 4) -> str:
     return f"{value:.{digits}g}"
 
 
-def _step_always(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-    event.setdefault("step", None)
+def _add_step(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    event.setdefault("step", _step)
     return event
 
 

@@ -18,9 +18,10 @@ from __future__ import annotations
 import hashlib
 import importlib
 import inspect
+import operator
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 from importlib.metadata import EntryPoint, entry_points, packages_distributions, version
 from typing import Any
@@ -103,15 +104,15 @@ def direct_caller(pm: pluggy.PluginManager, name: str) -> Any:
     if traced or any(impl.hookwrapper or impl.wrapper for impl in impls):
         return caller
     firstresult = bool(caller.spec is not None and caller.spec.opts.get("firstresult"))
-    order = tuple((impl.function, tuple(impl.argnames)) for impl in reversed(impls))
+    order = tuple((impl.function, _arguments(impl.argnames)) for impl in reversed(impls))
     if firstresult and len(order) == 1:
-        function, argnames = order[0]
-        return lambda **kwargs: function(*[kwargs[arg] for arg in argnames])
+        function, arguments = order[0]
+        return lambda **kwargs: function(*arguments(kwargs))
     if firstresult:
 
         def first(**kwargs: Any) -> Any:
-            for function, argnames in order:
-                result = function(*[kwargs[arg] for arg in argnames])
+            for function, arguments in order:
+                result = function(*arguments(kwargs))
                 if result is not None:
                     return result
             return None
@@ -120,13 +121,24 @@ def direct_caller(pm: pluggy.PluginManager, name: str) -> Any:
 
     def collect(**kwargs: Any) -> list[Any]:
         results = []
-        for function, argnames in order:
-            result = function(*[kwargs[arg] for arg in argnames])
+        for function, arguments in order:
+            result = function(*arguments(kwargs))
             if result is not None:
                 results.append(result)
         return results
 
     return collect
+
+
+def _arguments(names: Iterable[str]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
+    """``kwargs -> (kwargs[name] for name in names)`` as one C call (``itemgetter``)."""
+    names = tuple(names)
+    if len(names) >= 2:
+        return operator.itemgetter(*names)
+    if len(names) == 1:
+        (name,) = names
+        return lambda kwargs: (kwargs[name],)
+    return lambda kwargs: ()
 
 
 def new_manager() -> pluggy.PluginManager:

@@ -169,7 +169,7 @@ def _fit(loop: Loop, device: torch.device) -> Path:
         output_dir=str(loop.output_dir),
         plugins=",".join(source.name for source in loop.plugins.sources),
     )
-    log.bind(step=loop.step)
+    log.set_step(loop.step)
     try:
         with preemption.StopSignals(loop.config.stop_signals) as signals:
             loop.stop_signals = signals

@@ -66,11 +66,13 @@ class _Objective(nn.Module):
     def __init__(self, model: nn.Module, loop: Loop) -> None:
         super().__init__()
         self.model = model
-        self._loop = [loop]  # a list keeps the loop out of the module tree
+        # a tuple keeps the loop out of the module tree, and reading the model from it
+        # skips nn.Module's attribute lookup on the hot path
+        self._plain = (loop, model)
 
     def forward(self, batch: Any, step: int) -> LossResult:
-        loop = self._loop[0]
-        result = loop.calls.objective(trainer=loop, model=self.model, batch=batch, step=step)
+        loop, model = self._plain
+        result = loop.calls.objective(trainer=loop, model=model, batch=batch, step=step)
         if not isinstance(result, LossResult):
             raise PluginError(
                 f"objective returned {type(result).__name__}, expected slhub.LossResult"
@@ -121,7 +123,8 @@ class Loop:
         self._objective = _Objective(self.model, self)
         self._ddp: DistributedDataParallel | None = None
         self._buckets_rebuilt = False
-        self.calls = _Calls(plugins)
+        #: The per-update hooks, resolved at :meth:`fit` for the plugins registered then.
+        self.calls: _Calls | None = None
 
     def _configure_optimizers(self):
         built = self.hook.configure_optimizers(trainer=self, model=self.model)
@@ -231,7 +234,7 @@ class Loop:
 
     def _update(self, step: int) -> bool:
         """One update under the protocol; True when the run was asked to stop after it."""
-        log.bind(step=step)
+        log.set_step(step)
         last, weight, weighted_loss, failure = self._compute(step)
         stop = self.stop_signals is not None and self.stop_signals.requested
         agreed = distributed.agree(
@@ -243,9 +246,10 @@ class Loop:
         self._backward(*last, agreed.total_weight)
         lr = self.optimizer.param_groups[0]["lr"]  # this update's rate, before the schedule steps
         grad_norm = self._step_optimizer(agreed.total_weight)
-        self._rebuild_buckets_once()
+        if not self._buckets_rebuilt:
+            self._rebuild_buckets_once()
         self.step = step
-        self._commit(step, last[0], agreed, {"train/lr": lr, "train/grad_norm": grad_norm})
+        self._commit(step, last[0], agreed, lr, grad_norm)
         return agreed.stop
 
     def _compute(self, step: int):
@@ -269,17 +273,21 @@ class Loop:
                 if batch is None:
                     raise PluginError("no plugin implements sample")
                 phase = "objective"
-                with self._sync(final), self.precision.autocast():
-                    if self._ddp is not None:
-                        result = self._ddp(batch, step)
-                    else:  # no wrapper: skip nn.Module's call machinery on the hot path
-                        result = self._objective.forward(batch, step)
+                if self._ddp is None and self.precision.dtype is None:
+                    # one process in fp32: no wrapper, no context to enter on the hot path
+                    result = self._objective.forward(batch, step)
+                else:
+                    with self._sync(final), self.precision.autocast():
+                        wrapped = self._ddp if self._ddp is not None else self._objective
+                        result = wrapped(batch, step)
                 weight = float(result.weight)
-                if not distributed.finite(weight) or weight < 0:
+                if not math.isfinite(weight) or weight < 0:
                     raise ValueError(f"LossResult.weight must be finite and >= 0, got {weight}")
+                # read once (a host sync on a GPU): scale_loss and the metrics see the float
+                result.weight = weight
                 if weight > 0:
                     loss_value = float(result.loss.detach())
-                    if not distributed.finite(loss_value):
+                    if not math.isfinite(loss_value):
                         phase = "non-finite loss"
                         raise FloatingPointError(f"loss is {loss_value} at update {step}")
                     weight_sum, loss_sum = weight_sum + weight, loss_sum + weight * loss_value
@@ -351,7 +359,12 @@ class Loop:
         self._buckets_rebuilt = True
 
     def _commit(
-        self, step: int, result: LossResult, agreed: distributed.Agreement, extra: dict
+        self,
+        step: int,
+        result: LossResult,
+        agreed: distributed.Agreement,
+        lr: float,
+        grad_norm: float | None,
     ) -> None:
         """on_commit and the metrics line; a failure is held for the next agreement."""
         total = agreed.total_weight
@@ -359,10 +372,13 @@ class Loop:
             "step": step,
             "train/loss": agreed.weighted_loss_sum / total if total > 0 else None,
             "train/weight": total,
+            "train/lr": lr,
         }
-        metrics.update({k: v for k, v in extra.items() if v is not None})
+        if grad_norm is not None:
+            metrics["train/grad_norm"] = grad_norm
         try:
-            metrics.update({f"train/{k}": _scalar(v) for k, v in result.metrics.items()})
+            for key, value in result.metrics.items():
+                metrics[f"train/{key}"] = _scalar(value)
             if self.calls.on_commit is not None:
                 self.calls.on_commit(trainer=self, step=step, result=result, metrics=metrics)
             if self.is_main:
