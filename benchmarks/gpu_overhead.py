@@ -8,7 +8,7 @@ One process, both contestants in it, alternating (hand, slhub, slhub, hand,
 32) and a large one (hidden 2048, batch 8192). Each does ``--updates`` updates
 with validation every 50 and a durable checkpoint (temporary, fsync, rename)
 every 100, as in ``sl_ddp_vs_torch.py``; the hand loop samples like the
-example's plugin (indices from a CPU generator, batch copied to the device).
+example's plugin (corpus on the device, indices from a CPU generator).
 Time per update is taken between the end of update 1 and the end of the last
 one, with ``torch.cuda.synchronize()`` at both ends; the table gives medians
 and the ratio, and the driver checks that both produced the same metrics and
@@ -93,8 +93,8 @@ def hand(out: Path, device: torch.device, hidden: int, batch: int, updates: int,
     random.seed(SEED)
     np.random.seed(SEED)
     torch.manual_seed(SEED)
-    x_train, y_train, m_train = make_corpus(4096, 1234)
-    x_val, y_val, m_val = make_corpus(1024, 4321)
+    x_train, y_train, m_train = (t.to(device) for t in make_corpus(4096, 1234))
+    x_val, y_val, m_val = (t.to(device) for t in make_corpus(1024, 4321))
     model = nn.Sequential(nn.Linear(4, hidden), nn.Tanh(), nn.Linear(hidden, 2)).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
     generator = torch.Generator().manual_seed(sampler_seed(SEED, 0))
@@ -105,7 +105,7 @@ def hand(out: Path, device: torch.device, hidden: int, batch: int, updates: int,
         if counter is not None and step == VALIDATE_EVERY + 5:
             counter.start()
         index = torch.randint(0, x_train.shape[0], (batch,), generator=generator)
-        x, y, mask = (t[index].to(device) for t in (x_train, y_train, m_train))
+        x, y, mask = x_train[index], y_train[index], m_train[index]
         loss, count = masked_mse(model(x), y, mask)
         weight = float(count)
         loss_value = float(loss.detach())
@@ -128,8 +128,7 @@ def hand(out: Path, device: torch.device, hidden: int, batch: int, updates: int,
         if step % VALIDATE_EVERY == 0:
             model.eval()
             with torch.no_grad():
-                xv, yv, mv = (t.to(device) for t in (x_val, y_val, m_val))
-                val_loss, _ = masked_mse(model(xv), yv, mv)
+                val_loss, _ = masked_mse(model(x_val), y_val, m_val)
             model.train()
             metrics.write(json.dumps({"step": step, "validation/mse": float(val_loss)}) + "\n")
             metrics.flush()

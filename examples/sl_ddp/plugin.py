@@ -68,24 +68,27 @@ class SlDdpPlugin:
     def build_model(self, trainer) -> nn.Module:
         data: CorpusConfig = trainer.section("data")
         hidden = trainer.section("model").hidden
-        self.train_corpus = make_corpus(data.train_size, data.train_seed)
-        self.validation_corpus = make_corpus(data.validation_size, data.validation_seed)
+        # on the device once, not a batch copy every update
+        on_device = lambda corpus: tuple(t.to(trainer.device) for t in corpus)  # noqa: E731
+        self.train_corpus = on_device(make_corpus(data.train_size, data.train_seed))
+        self.validation_corpus = on_device(make_corpus(data.validation_size, data.validation_seed))
         return nn.Sequential(nn.Linear(4, hidden), nn.Tanh(), nn.Linear(hidden, 2))
 
     @hookimpl
     def sample(self, trainer, generator: torch.Generator):
         x, y, mask = self.train_corpus
         index = torch.randint(0, x.shape[0], (trainer.batch_size,), generator=generator)
-        return tuple(t[index].to(trainer.device) for t in (x, y, mask))
+        return x[index], y[index], mask[index]
 
     @hookimpl
     def objective(self, trainer, model: nn.Module, batch) -> LossResult:
         x, y, mask = batch
         loss, count = masked_mse(model(x), y, mask)
-        return LossResult(loss=loss, weight=count, metrics={"supervised": float(count)})
+        supervised = float(count)  # one host read (a sync on a GPU) for weight and metric
+        return LossResult(loss=loss, weight=supervised, metrics={"supervised": supervised})
 
     @hookimpl
     def validate(self, trainer, model: nn.Module, step: int) -> dict[str, float]:
-        x, y, mask = (t.to(trainer.device) for t in self.validation_corpus)
+        x, y, mask = self.validation_corpus
         loss, _ = masked_mse(model(x), y, mask)
         return {"mse": float(loss)}
