@@ -49,7 +49,7 @@ from slhub.trainer import sampler_seed  # noqa: E402
 SEED, BATCH, LR, VALIDATE_EVERY, SAVE_EVERY = 0, 32, 1e-3, 50, 100
 
 
-def hand_loop(out: Path, updates: int):
+def hand_loop(out: Path, updates: int, validate_every: int, save_every: int):
     """The hand-written loop as a generator: one ``next()`` per update."""
     random.seed(SEED)
     np.random.seed(SEED)
@@ -81,7 +81,7 @@ def hand_loop(out: Path, updates: int):
         }
         metrics.write(json.dumps(record, sort_keys=True) + "\n")
         metrics.flush()
-        if step % VALIDATE_EVERY == 0:
+        if validate_every and step % validate_every == 0:
             model.eval()
             with torch.no_grad():
                 val_loss, _ = masked_mse(model(x_val), y_val, m_val)
@@ -89,7 +89,7 @@ def hand_loop(out: Path, updates: int):
             record = {"step": step, "validation/mse": float(val_loss)}
             metrics.write(json.dumps(record, sort_keys=True) + "\n")
             metrics.flush()
-        if step % SAVE_EVERY == 0 or step == updates:
+        if (save_every and step % save_every == 0) or step == updates:
             kind, keys, pos, has_gauss, cached = np.random.get_state()
             state = {
                 "python": random.getstate(),
@@ -155,18 +155,27 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--updates", type=int, default=4000, help="updates of each loop (4000)")
     parser.add_argument("--block", type=int, default=100, help="updates per block (100)")
+    parser.add_argument(
+        "--validate-every", type=int, default=VALIDATE_EVERY, help="0: no validation (50)"
+    )
+    parser.add_argument(
+        "--save-every", type=int, default=SAVE_EVERY, help="0: only the final checkpoint (100)"
+    )
     args = parser.parse_args(argv)
-    if args.updates % args.block or args.block % SAVE_EVERY:
-        raise SystemExit(f"--block must divide --updates and be a multiple of {SAVE_EVERY}")
+    boundaries = [n for n in (args.validate_every, args.save_every) if n]
+    if args.updates % args.block or any(args.block % n for n in boundaries):
+        raise SystemExit(
+            "--block must divide --updates and be a multiple of --validate-every and --save-every"
+        )
     base = Path(tempfile.mkdtemp(prefix="slhub-interleaved-"))
-    hand = hand_loop(base / "hand", args.updates)
+    hand = hand_loop(base / "hand", args.updates, args.validate_every, args.save_every)
     probe = Interleave(hand, args.block, args.updates)
     print(f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     overrides = [
         f"trainer.output_dir={base / 'slhub'}",
         f"trainer.steps={args.updates}",
-        f"trainer.validate_every={VALIDATE_EVERY}",
-        f"trainer.save_every={SAVE_EVERY}",
+        f"trainer.validate_every={args.validate_every}",
+        f"trainer.save_every={args.save_every}",
     ]
     slhub.train(ROOT / "examples" / "sl_ddp" / "cpu.yaml", overrides, log_format="json",
                 plugins=[probe])  # fmt: skip
