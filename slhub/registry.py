@@ -23,7 +23,7 @@ import os
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
-from importlib.metadata import EntryPoint, entry_points, packages_distributions, version
+from importlib.metadata import Distribution, EntryPoint, distributions, entry_points
 from typing import Any
 
 import pluggy
@@ -209,11 +209,37 @@ def _source_of_entry_point(ep: EntryPoint, role: str = MODEL) -> PluginSource:
 
 
 def _source_of_path(spec: str, role: str = MODEL) -> PluginSource:
-    top = spec.split(":", 1)[0].split(".", 1)[0]
-    dists = packages_distributions().get(top, [])
-    dist = dists[0] if dists else None
-    ver = version(dist) if dist else None
+    found = distribution_providing(spec.split(":", 1)[0].split(".", 1)[0])
+    dist = found.metadata["Name"] if found is not None else None
+    ver = found.version if found is not None else None
     return PluginSource(name=spec, object=spec, dist=dist, version=ver, role=role)
+
+
+def distribution_providing(top: str) -> Distribution | None:
+    """The installed distribution that provides the top-level module ``top``: the first
+    that ``importlib.metadata.packages_distributions()`` lists for it, found without
+    parsing every distribution's metadata and file list (about 0.5 s of every start)."""
+    for dist in distributions():
+        declared = (dist.read_text("top_level.txt") or "").split()
+        if declared:
+            if top in declared:
+                return dist
+            continue
+        record = dist.read_text("RECORD")
+        if record is not None:
+            if top in record and any(_top_level(line) == top for line in record.splitlines()):
+                return dist
+        elif any(_top_level(str(path)) == top for path in dist.files or ()):
+            return dist
+    return None
+
+
+def _top_level(entry: str) -> str | None:
+    """The importable top-level name a RECORD entry (``path,hash,size``) installs."""
+    path = entry.split(",", 1)[0].strip('"')
+    head, sep, _ = path.partition("/")
+    name = head if sep else (inspect.getmodulename(path) or path)
+    return name if "." not in name else None
 
 
 def _file_digest(module: Any) -> str | None:

@@ -87,3 +87,20 @@ def test_plugins_lists_builtins_and_their_hooks(capsys):
     assert "save" in rows["recovery"] and "restore" in rows["recovery"]
     assert "validate" in rows["rank0_validation"]
     assert "nerd" in rows and "slhub 0.1.0" in rows["nerd"]
+
+
+def test_distribution_providing_agrees_with_packages_distributions():
+    """The start-up's cheap lookup names the distribution importlib's full scan names
+    first, for packages declared in top_level.txt, packages found only in RECORD, an
+    installed plugin, a local package and a name nothing provides."""
+    from importlib.metadata import packages_distributions
+
+    from slhub.registry import distribution_providing
+
+    table = packages_distributions()
+    names = ["torch", "yaml", "_yaml", "numpy", "pluggy", "structlog", "slhub_rwm", "slhub"]
+    names += ["examples", "no_such_top_level_module"]
+    for top in names:
+        found = distribution_providing(top)
+        expected = table.get(top, [None])[0]
+        assert (found.metadata["Name"] if found is not None else None) == expected, top
