@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from conftest import SL_DDP, cli_error, load, run_cli
-from slhub import checkpoint, cli, train
+from slhub import checkpoint, cli, rng, train
 from slhub.errors import ArtifactError, CheckpointError
 
 SHORT = ["trainer.steps=4", "trainer.validate_every=0", "trainer.save_every=2"]
@@ -181,3 +183,31 @@ def test_json_logs_carry_run_identity(tmp_path: Path):
         e["run_id"] == run_id and e["rank"] == 0 and e["world_size"] == 1 and "step" in e
         for e in updates
     )
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["tensor", "tuple-of-ints"])
+def test_rng_state_survives_a_weights_only_checkpoint(tmp_path: Path, legacy: bool):
+    """Every stream continues exactly from a captured state after a weights-only save and
+    load; python's state words as a tensor, or as the tuple of ints older checkpoints hold."""
+    rng.seed_everything(7)
+    state = rng.capture(torch.device("cpu"))
+    assert isinstance(state["python"][1], torch.Tensor) and state["python"][1].numel() == 625
+    if legacy:
+        version, words, gauss = state["python"]
+        state["python"] = (version, tuple(words.tolist()), gauss)
+    expected = (random.random(), np.random.rand(), torch.rand(3))
+    torch.save({"rng": state}, tmp_path / "s.pt")
+    random.random(), np.random.rand(), torch.rand(3)  # move every stream on
+    rng.restore(torch.load(tmp_path / "s.pt", weights_only=True)["rng"], torch.device("cpu"))
+    again = (random.random(), np.random.rand(), torch.rand(3))
+    assert again[:2] == expected[:2] and torch.equal(again[2], expected[2])
+
+
+def test_preserved_leaves_every_stream_where_it_was():
+    rng.seed_everything(3)
+    with rng.preserved(torch.device("cpu")):
+        random.random(), np.random.rand(), torch.rand(5)
+    after = (random.random(), np.random.rand(), torch.rand(5))
+    rng.seed_everything(3)
+    fresh = (random.random(), np.random.rand(), torch.rand(5))
+    assert after[:2] == fresh[:2] and torch.equal(after[2], fresh[2])
