@@ -5,10 +5,11 @@
 For a shared, noisy machine: instead of timing two launches minutes apart,
 one process runs slhub (``slhub.train`` on ``examples/sl_ddp/cpu.yaml``) and a
 hand-written loop doing the same work (as in ``sl_ddp_vs_torch.py``, one
-process: validation every 50, durable checkpoint every 100) side by side, in
+process: validation every 50, durable checkpoint every 100, or as
+``--validate-every`` / ``--save-every`` set, 0 for none) side by side, in
 alternating blocks of ``--block`` updates: from slhub's ``on_log`` at every
 block's last update a probe plugin runs the next block of the hand loop. So
-both see the same load within seconds, and each block of either contains one
+both see the same load within seconds, and by default each block of either contains one
 checkpoint and two validations. Per block it records wall time
 (``perf_counter``) and this thread's CPU time (``thread_time``, which does not
 count time spent waiting for a CPU).
