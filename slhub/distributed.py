@@ -207,10 +207,6 @@ def raise_agreed_failure(agreement: Agreement, local_error: BaseException | None
     )
 
 
-def finite(value: float) -> bool:
-    return math.isfinite(value)
-
-
 def gather_to_rank0(obj: Any) -> list[Any] | None:
     """Every rank's object on rank 0 (a list by rank); None elsewhere.
 
