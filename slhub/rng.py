@@ -38,7 +38,12 @@ def capture(device: torch.device | None = None) -> dict[str, Any]:
         cuda = torch.cuda.get_rng_state(device)
     version, internal, gauss = random.getstate()
     return {
-        "python": (version, torch.tensor(internal, dtype=torch.int64), gauss),
+        # np.fromiter: ~6x faster than torch.tensor() on a tuple of 625 ints
+        "python": (
+            version,
+            torch.from_numpy(np.fromiter(internal, np.int64, len(internal))),
+            gauss,
+        ),
         "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),
         "torch": torch.get_rng_state(),
         "cuda": cuda,
