@@ -24,10 +24,7 @@ from __future__ import annotations
 
 import argparse
 import collections
-import io
 import json
-import os
-import random
 import statistics
 import sys
 import tempfile
@@ -39,13 +36,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from durable import durable_write  # noqa: E402 - benchmarks/durable.py
-from torch import nn  # noqa: E402
+from hand_loop import hand_loop  # noqa: E402 - benchmarks/hand_loop.py
 
 import slhub  # noqa: E402
-from examples.sl_ddp.plugin import make_corpus, masked_mse  # noqa: E402
 from slhub import hookimpl  # noqa: E402
 from slhub.trainer import sampler_seed  # noqa: E402
 
@@ -89,76 +83,29 @@ class SyncCounter:
 
 
 def hand(out: Path, device: torch.device, hidden: int, batch: int, updates: int, counter=None):
-    """The hand-written loop; returns ms per update (updates 2..N)."""
-    random.seed(SEED)
-    np.random.seed(SEED)
-    torch.manual_seed(SEED)
-    x_train, y_train, m_train = (t.to(device) for t in make_corpus(4096, 1234))
-    x_val, y_val, m_val = (t.to(device) for t in make_corpus(1024, 4321))
-    model = nn.Sequential(nn.Linear(4, hidden), nn.Tanh(), nn.Linear(hidden, 2)).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
-    generator = torch.Generator().manual_seed(sampler_seed(SEED, 0))
-    out.mkdir(parents=True, exist_ok=True)
-    metrics = open(out / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
-    started = 0.0
-    for step in range(1, updates + 1):
-        if counter is not None and step == VALIDATE_EVERY + 5:
-            counter.start()
-        index = torch.randint(0, x_train.shape[0], (batch,), generator=generator)
-        x, y, mask = x_train[index], y_train[index], m_train[index]
-        loss, count = masked_mse(model(x), y, mask)
-        weight = float(count)
-        loss_value = float(loss.detach())
-        total_weight, weighted_loss = weight, weight * loss_value
-        optimizer.zero_grad(set_to_none=True)
-        lr = optimizer.param_groups[0]["lr"]
-        (loss * (weight * 1 / total_weight)).backward()
-        optimizer.step()
-        record = {
-            "step": step,
-            "train/loss": weighted_loss / total_weight,
-            "train/weight": total_weight,
-            "train/supervised": weight,
-            "train/lr": lr,
-        }
-        metrics.write(json.dumps(record, sort_keys=True) + "\n")
-        metrics.flush()
-        if counter is not None and step == VALIDATE_EVERY + 4 + SYNC_WINDOW:
+    """The hand-written loop (benchmarks/hand_loop.py); returns ms per update (2..N).
+
+    The counter covers updates VALIDATE_EVERY + 5 .. VALIDATE_EVERY + 4 + SYNC_WINDOW,
+    from before the first one's sampling to after the last one's metrics line."""
+    last = VALIDATE_EVERY + 4 + SYNC_WINDOW
+
+    def after_metrics(step: int) -> None:
+        if counter is not None and step == last:
             counter.stop()
-        if step % VALIDATE_EVERY == 0:
-            model.eval()
-            with torch.no_grad():
-                val_loss, _ = masked_mse(model(x_val), y_val, m_val)
-            model.train()
-            metrics.write(json.dumps({"step": step, "validation/mse": float(val_loss)}) + "\n")
-            metrics.flush()
-        if step % SAVE_EVERY == 0 or step == updates:
-            kind, keys, pos, has_gauss, cached = np.random.get_state()
-            state = {
-                "python": random.getstate(),
-                "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),
-                "torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-                "sampler": generator.get_state(),
-            }
-            ckpt = {
-                "step": step,
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "ranks": [state],
-            }
-            buffer = io.BytesIO()
-            torch.save(ckpt, buffer)
-            durable_write(buffer.getvalue(), out / f"step_{step}.pt")
-            durable_write(buffer.getvalue(), out / "last.pt")
-            os.fsync(metrics.fileno())
+
+    steps = hand_loop(
+        out, updates, sampler_seed(SEED, 0), device=device, hidden=hidden, batch=batch,
+        validate_every=VALIDATE_EVERY, save_every=SAVE_EVERY, after_metrics=after_metrics,
+    )  # fmt: skip
+    started = 0.0
+    for step in steps:
         if step == 1:
             _sync(device)
             started = time.perf_counter()
+        if counter is not None and step == VALIDATE_EVERY + 4:
+            counter.start()
     _sync(device)
-    elapsed = time.perf_counter() - started
-    metrics.close()
-    return 1e3 * elapsed / (updates - 1)
+    return 1e3 * (time.perf_counter() - started) / (updates - 1)
 
 
 class Probe:

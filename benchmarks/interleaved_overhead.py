@@ -24,10 +24,8 @@ produced the same metrics and bitwise-equal weights.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
-import random
 import statistics
 import sys
 import tempfile
@@ -37,81 +35,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from durable import durable_write  # noqa: E402 - benchmarks/durable.py
-from torch import nn  # noqa: E402
+from hand_loop import hand_loop  # noqa: E402 - benchmarks/hand_loop.py
 
 import slhub  # noqa: E402
-from examples.sl_ddp.plugin import make_corpus, masked_mse  # noqa: E402
 from slhub import hookimpl  # noqa: E402
 from slhub.trainer import sampler_seed  # noqa: E402
 
-SEED, BATCH, LR, VALIDATE_EVERY, SAVE_EVERY = 0, 32, 1e-3, 50, 100
-
-
-def hand_loop(out: Path, updates: int, validate_every: int, save_every: int):
-    """The hand-written loop as a generator: one ``next()`` per update."""
-    random.seed(SEED)
-    np.random.seed(SEED)
-    torch.manual_seed(SEED)
-    x_train, y_train, m_train = make_corpus(4096, 1234)
-    x_val, y_val, m_val = make_corpus(1024, 4321)
-    model = nn.Sequential(nn.Linear(4, 32), nn.Tanh(), nn.Linear(32, 2))
-    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
-    generator = torch.Generator().manual_seed(sampler_seed(SEED, 0))
-    out.mkdir(parents=True, exist_ok=True)
-    metrics = open(out / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
-    for step in range(1, updates + 1):
-        index = torch.randint(0, x_train.shape[0], (BATCH,), generator=generator)
-        x, y, mask = x_train[index], y_train[index], m_train[index]
-        loss, count = masked_mse(model(x), y, mask)
-        weight = float(count)
-        loss_value = float(loss.detach())
-        total_weight, weighted_loss = weight, weight * loss_value
-        optimizer.zero_grad(set_to_none=True)
-        lr = optimizer.param_groups[0]["lr"]
-        (loss * (weight * 1 / total_weight)).backward()
-        optimizer.step()
-        record = {
-            "step": step,
-            "train/loss": weighted_loss / total_weight,
-            "train/weight": total_weight,
-            "train/supervised": weight,
-            "train/lr": lr,
-        }
-        metrics.write(json.dumps(record, sort_keys=True) + "\n")
-        metrics.flush()
-        if validate_every and step % validate_every == 0:
-            model.eval()
-            with torch.no_grad():
-                val_loss, _ = masked_mse(model(x_val), y_val, m_val)
-            model.train()
-            record = {"step": step, "validation/mse": float(val_loss)}
-            metrics.write(json.dumps(record, sort_keys=True) + "\n")
-            metrics.flush()
-        if (save_every and step % save_every == 0) or step == updates:
-            kind, keys, pos, has_gauss, cached = np.random.get_state()
-            state = {
-                "python": random.getstate(),
-                "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),
-                "torch": torch.get_rng_state(),
-                "sampler": generator.get_state(),
-            }
-            ckpt = {
-                "step": step,
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "ranks": [state],
-            }
-            buffer = io.BytesIO()
-            torch.save(ckpt, buffer)
-            data = buffer.getvalue()
-            durable_write(data, out / f"step_{step}.pt")
-            durable_write(data, out / "last.pt")
-            os.fsync(metrics.fileno())
-        yield step
-    metrics.close()
+SEED, VALIDATE_EVERY, SAVE_EVERY = 0, 50, 100
 
 
 class Interleave:
@@ -169,7 +100,10 @@ def main(argv: list[str] | None = None) -> int:
             "--block must divide --updates and be a multiple of --validate-every and --save-every"
         )
     base = Path(tempfile.mkdtemp(prefix="slhub-interleaved-"))
-    hand = hand_loop(base / "hand", args.updates, args.validate_every, args.save_every)
+    hand = hand_loop(
+        base / "hand", args.updates, sampler_seed(SEED, 0),
+        validate_every=args.validate_every, save_every=args.save_every,
+    )  # fmt: skip
     probe = Interleave(hand, args.block, args.updates)
     print(f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     overrides = [

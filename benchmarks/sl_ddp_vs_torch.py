@@ -14,8 +14,9 @@ The hand loop uses slhub's seeds, so it and slhub produce the same metrics and
 bitwise-equal final weights; the driver checks that after every repetition,
 and checks Lightning's metrics and final weights against the hand loop too.
 
-- **hand**: a plain torch loop (DDP under torchrun with 2+ workers), rank 0
-  validates, every rank's RNG states gathered to rank 0 into the checkpoint.
+- **hand**: a plain torch loop (``benchmarks/hand_loop.py``; DDP under torchrun with
+  2+ workers), rank 0 validates, every rank's RNG states gathered to rank 0 into the
+  checkpoint.
 - **slhub**: ``python -m slhub train --config examples/sl_ddp/cpu.yaml`` (under
   torchrun with 2+ workers), JSON logs; everything its step protocol adds
   (failure agreement, per-rank state at every boundary, RNG preservation around
@@ -86,104 +87,27 @@ def _now() -> str:
 
 
 def hand_worker(updates: int, output_dir: Path, sampler_seeds: list[int]) -> None:
-    """One rank of the hand-written loop (run under torchrun)."""
-    import io
-
-    import numpy as np
-    import torch
+    """One rank of the hand-written loop (benchmarks/hand_loop.py; DDP under torchrun)."""
     import torch.distributed as dist
-    from torch import nn
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from examples.sl_ddp.plugin import make_corpus, masked_mse
+    from hand_loop import hand_loop
 
     distributed = "WORLD_SIZE" in os.environ
     if distributed:
         dist.init_process_group("gloo", timeout=dt.timedelta(seconds=600))
-    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
-
-    random.seed(SEED)
-    np.random.seed(SEED)
-    torch.manual_seed(SEED)  # identical initial weights on every rank
-    x_train, y_train, m_train = make_corpus(4096, 1234)
-    x_val, y_val, m_val = make_corpus(1024, 4321)
-    model = nn.Sequential(nn.Linear(4, 32), nn.Tanh(), nn.Linear(32, 2))
-    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
-    generator = torch.Generator().manual_seed(sampler_seeds[rank])
-    ddp = DDP(model, broadcast_buffers=False) if distributed else model
-
-    metrics = None
-    if rank == 0:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        metrics = open(output_dir / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
     log_every = max(1, updates // 10)
 
-    for step in range(1, updates + 1):
-        index = torch.randint(0, x_train.shape[0], (BATCH,), generator=generator)
-        x, y, mask = x_train[index], y_train[index], m_train[index]
-        loss, count = masked_mse(ddp(x), y, mask)
-        weight = float(count)
-        loss_value = float(loss.detach())
-        if distributed:
-            sums = torch.tensor([weight, weight * loss_value], dtype=torch.float64)
-            dist.all_reduce(sums)
-            total_weight, weighted_loss = sums.tolist()
-        else:
-            total_weight, weighted_loss = weight, weight * loss_value
-        optimizer.zero_grad(set_to_none=True)
-        (loss * (weight * world / total_weight)).backward()
-        optimizer.step()
-        if rank == 0:
-            record = {
-                "step": step,
-                "train/loss": weighted_loss / total_weight,
-                "train/weight": total_weight,
-                "train/supervised": weight,
-                "train/lr": optimizer.param_groups[0]["lr"],
-            }
-            metrics.write(json.dumps(record, sort_keys=True) + "\n")
-            metrics.flush()
-            if step == 1 or step % log_every == 0:
-                event = {"event": "update", "step": step, "timestamp": _now()}
-                print(json.dumps(event), file=sys.stderr, flush=True)
-            if step % VALIDATE_EVERY == 0:
-                model.eval()
-                with torch.no_grad():
-                    val_loss, _ = masked_mse(model(x_val), y_val, m_val)
-                model.train()
-                record = {"step": step, "validation/mse": float(val_loss)}
-                metrics.write(json.dumps(record, sort_keys=True) + "\n")
-                metrics.flush()
-        if step % SAVE_EVERY == 0 or step == updates:
-            kind, keys, pos, has_gauss, cached = np.random.get_state()
-            state = {
-                "python": random.getstate(),
-                "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),
-                "torch": torch.get_rng_state(),
-                "sampler": generator.get_state(),
-            }
-            ranks = [None] * world if rank == 0 else None
-            if distributed:
-                dist.gather_object(state, ranks, dst=0)
-            else:
-                ranks = [state]
-            if rank == 0:
-                ckpt = {
-                    "step": step,
-                    "model": model.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "ranks": ranks,
-                }
-                buffer = io.BytesIO()
-                torch.save(ckpt, buffer)
-                data = buffer.getvalue()
-                durable_write(data, output_dir / f"step_{step}.pt")
-                durable_write(data, output_dir / "last.pt")
-                os.fsync(metrics.fileno())
+    def after_metrics(step: int) -> None:
+        if step == 1 or step % log_every == 0:
+            event = {"event": "update", "step": step, "timestamp": _now()}
+            print(json.dumps(event), file=sys.stderr, flush=True)
 
-    if metrics is not None:
-        metrics.close()
-    del ddp  # no DDP wrapper may outlive the process group
+    rank = dist.get_rank() if distributed else 0
+    steps = hand_loop(
+        output_dir, updates, sampler_seeds[rank], validate_every=VALIDATE_EVERY,
+        save_every=SAVE_EVERY, after_metrics=after_metrics,
+    )  # fmt: skip
+    for _ in steps:
+        pass
     if distributed:
         dist.barrier()
         dist.destroy_process_group()
