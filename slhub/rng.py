@@ -30,13 +30,31 @@ def derived_seed(seed: int, rank: int, stream: str) -> int:
     return int(words.generate_state(1, dtype=np.uint64)[0] % (2**63 - 1))
 
 
+def _read(device: torch.device | None) -> tuple[Any, Any, torch.Tensor, torch.Tensor | None]:
+    """The python, numpy, torch CPU and (on a CUDA device) CUDA states, as returned."""
+    cuda = device is not None and device.type == "cuda"
+    return (
+        random.getstate(),
+        np.random.get_state(),
+        torch.get_rng_state(),
+        torch.cuda.get_rng_state(device) if cuda else None,
+    )
+
+
+def _write(states: tuple[Any, Any, torch.Tensor, torch.Tensor | None], device) -> None:
+    """Set what :func:`_read` returned (CUDA only on a CUDA device)."""
+    python, numpy, cpu, gpu = states
+    random.setstate(python)
+    np.random.set_state(numpy)
+    torch.set_rng_state(cpu)
+    if gpu is not None and device is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(gpu, device)
+
+
 def capture(device: torch.device | None = None) -> dict[str, Any]:
     """This process's python, numpy, torch CPU and (if used) CUDA RNG states."""
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    cuda: torch.Tensor | None = None
-    if device is not None and device.type == "cuda":
-        cuda = torch.cuda.get_rng_state(device)
-    version, internal, gauss = random.getstate()
+    (version, internal, gauss), numpy, cpu, cuda = _read(device)
+    kind, keys, pos, has_gauss, cached = numpy
     return {
         # np.fromiter: ~6x faster than torch.tensor() on a tuple of 625 ints
         "python": (
@@ -45,7 +63,7 @@ def capture(device: torch.device | None = None) -> dict[str, Any]:
             gauss,
         ),
         "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),
-        "torch": torch.get_rng_state(),
+        "torch": cpu,
         "cuda": cuda,
     }
 
@@ -55,12 +73,10 @@ def restore(state: dict[str, Any], device: torch.device | None = None) -> None:
     version, internal, gauss = state["python"]
     if isinstance(internal, torch.Tensor):
         internal = internal.tolist()
-    random.setstate((version, tuple(internal), gauss))
     kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(state["torch"])
-    if state.get("cuda") is not None and device is not None and device.type == "cuda":
-        torch.cuda.set_rng_state(state["cuda"], device)
+    numpy = (kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached)
+    python = (version, tuple(internal), gauss)
+    _write((python, numpy, state["torch"], state.get("cuda")), device)
 
 
 @contextmanager
@@ -70,14 +86,8 @@ def preserved(device: torch.device | None = None) -> Iterator[None]:
     The states stay in memory, so they are kept as the libraries return them, without
     :func:`capture`'s conversions to checkpoint-safe types.
     """
-    cuda = device is not None and device.type == "cuda"
-    python, numpy, cpu = random.getstate(), np.random.get_state(), torch.get_rng_state()
-    gpu = torch.cuda.get_rng_state(device) if cuda else None
+    saved = _read(device)
     try:
         yield
     finally:
-        random.setstate(python)
-        np.random.set_state(numpy)
-        torch.set_rng_state(cpu)
-        if gpu is not None:
-            torch.cuda.set_rng_state(gpu, device)
+        _write(saved, device)
