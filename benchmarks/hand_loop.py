@@ -6,8 +6,8 @@ weights: the corpus on the device, batch indices from a per-rank CPU generator,
 masked weighted MSE, Adam, one all-reduce of ``[w, w*L]`` per update besides
 DDP's under a process group, backward of ``loss * w * world / W``, a metrics
 line per update on rank 0, rank-0 validation and, at every checkpoint, every
-rank's RNG states gathered to rank 0 and written durably to ``step_N.pt`` and
-``last.pt``.
+rank's RNG states gathered to rank 0 and written durably once, as ``last.pt``
+and (a hard link) ``step_N.pt``, as slhub writes them.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from durable import durable_write  # benchmarks/durable.py
+from durable import durable_write_linked  # benchmarks/durable.py
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -138,6 +138,5 @@ def _checkpoint(out, step, model, optimizer, generator, metrics, device, world) 
     buffer = io.BytesIO()
     torch.save(ckpt, buffer)
     data = buffer.getvalue()
-    durable_write(data, out / f"step_{step}.pt")
-    durable_write(data, out / "last.pt")
+    durable_write_linked(data, out / "last.pt", out / f"step_{step}.pt")
     os.fsync(metrics.fileno())

@@ -9,7 +9,8 @@ replacement from a per-rank generator, Adam lr 1e-3, one all-reduce per update
 of what the weighting and the metrics line need (weight sum and weighted loss
 sum; none on one process) besides DDP's, backward of ``loss * w * world / W``,
 a metrics line per update on rank 0, validation every 50 updates and every 100
-a checkpoint written durably (temporary file, fsync, rename) to step_N and last.
+a checkpoint written durably to step_N and last (the bytes written and fsynced
+once, the second name a link, as slhub does).
 The hand loop uses slhub's seeds, so it and slhub produce the same metrics and
 bitwise-equal final weights; the driver checks that after every repetition,
 and checks Lightning's metrics and final weights against the hand loop too.
@@ -24,8 +25,8 @@ and checks Lightning's metrics and final weights against the hand loop too.
 - **lightning** (optional: ``pip install -e ".[bench]"``): a ``LightningModule``
   with the same model and step, an iterable data set sampling with the same
   generator, Lightning's own validation loop (``val_check_interval=50``) and
-  ``ModelCheckpoint(every_n_train_steps=100, save_last=True)`` through a
-  ``CheckpointIO`` that writes durably; no logger, progress bar or model
+  ``ModelCheckpoint(every_n_train_steps=100, save_last="link")`` (one write,
+  ``last`` a link) through a ``CheckpointIO`` that writes durably; no logger, progress bar or model
   summary. Its checkpoints hold what Lightning saves (no per-rank RNG states).
 
 Each repetition launches every contestant once per worker count, rotating the
@@ -210,7 +211,7 @@ def lightning_worker(updates: int, output_dir: Path, sampler_seeds: list[int]) -
         filename="step_{step}",
         every_n_train_steps=SAVE_EVERY,
         save_top_k=-1,
-        save_last=True,
+        save_last="link",
     )
     trainer = L.Trainer(
         accelerator="cpu",

@@ -21,6 +21,7 @@ ever chooses code to import.
 
 from __future__ import annotations
 
+import copy
 import copyreg
 import hashlib
 import io
@@ -100,23 +101,57 @@ def gather_rank_states(
 ) -> tuple[list[dict[str, Any]] | None, BaseException | None]:
     """Every rank's ``save`` state, gathered to rank 0 (a collective on every rank).
 
-    Each rank pickles its state itself, once, and sends the bytes: a state that
-    cannot be made or pickled fails on its own rank, outside the collective. A
-    rank that fails still joins the gather, sending None, so no rank is left
-    waiting. Returns ``(states, error)``: ``states`` is the list by rank on
-    rank 0 when every rank succeeded (None otherwise, and on other ranks);
-    ``error`` is this rank's own failure, to be held for the next agreement.
+    Each other rank pickles its state itself, once, and sends the bytes: a state
+    that cannot be made or pickled fails on its own rank, outside the collective.
+    Rank 0 keeps a :func:`snapshot` of its own instead (a pickle round trip of it
+    cost ~0.3-0.6 ms per boundary; a state it cannot pickle fails in the checkpoint
+    write, on rank 0, after the collective). A rank that fails still joins the
+    gather, sending None, so no rank is left waiting. Returns ``(states, error)``:
+    ``states`` is the list by rank on rank 0 when every rank succeeded (None
+    otherwise, and on other ranks); ``error`` is this rank's own failure, to be
+    held for the next agreement.
     """
     payload: bytes | None
+    own: dict[str, Any] | None = None
     error: BaseException | None = None
     try:
-        payload = pack_state(local_state())
+        if distributed.rank() == 0:
+            own, payload = snapshot(local_state()), b""
+        else:
+            payload = pack_state(local_state())
     except Exception as exc:  # noqa: BLE001 - returned, held for the next agreement
         error, payload = exc, None
     gathered = distributed.gather_to_rank0(payload)
     if gathered is None or any(entry is None for entry in gathered):
         return None, error
-    return [pickle.loads(entry) for entry in gathered], error
+    assert own is not None
+    return [own, *(pickle.loads(entry) for entry in gathered[1:])], error
+
+
+#: Values a snapshot shares with the live state: nothing can change them in place.
+_IMMUTABLE = (int, float, complex, bool, str, bytes, type(None), torch.dtype, torch.device)
+
+
+def snapshot(value: Any) -> Any:
+    """A copy of a rank's state that later changes to the live objects cannot reach
+    (validation runs between the gather and the write).
+
+    Plain tensors are cloned and plain dicts, lists and tuples rebuilt; anything
+    else is deep-copied. Cloning a small tensor costs ~2 us where ``copy.deepcopy``
+    of it costs ~35 us and a pickle round trip of the whole state ~0.1-0.3 ms.
+    """
+    kind = type(value)
+    if kind is torch.Tensor and not value.requires_grad:
+        return value.clone()
+    if kind in _IMMUTABLE:
+        return value
+    if kind is dict:
+        return {key: snapshot(item) for key, item in value.items()}
+    if kind is list:
+        return [snapshot(item) for item in value]
+    if kind is tuple:
+        return tuple(snapshot(item) for item in value)
+    return copy.deepcopy(value)
 
 
 def pack_state(state: Any) -> bytes:
@@ -163,23 +198,52 @@ def serialize(checkpoint: dict[str, Any]) -> bytes:
     return buffer.getvalue()
 
 
-def atomic_write_bytes(data: bytes, path: Path) -> None:
-    """Write to a temporary file in the same directory, fsync, then rename over ``path``.
+def atomic_write_bytes(data: bytes, *paths: Path) -> None:
+    """Write ``data`` once and give it every name in ``paths``, in order, atomically.
 
-    A reader sees the old file or the new one, never a torn one; a failure
-    leaves the previous file intact and removes the temporary.
+    The bytes go to one temporary file, flushed and fsynced once. Every path but
+    the last then gets a hard link to it, renamed over the path; the temporary
+    itself is renamed over the last path; each directory is fsynced once. So a
+    checkpoint and ``last.pt`` cost one write and one fsync, not two, and share
+    their blocks on disk (every later write replaces a name with a new file; no
+    file is ever changed in place, so sharing is safe). Where hard links are not
+    supported the path gets its own copy. A reader sees the old file or the new
+    one, never a torn one; a failure leaves the previous files intact and
+    removes the temporaries.
     """
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    names = list(dict.fromkeys(paths))
+    tmp = _temporary(names[-1])
+    made = [tmp]  # temporaries to remove if anything fails
     try:
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        _write_synced(data, tmp)
+        for path in names[:-1]:
+            link = _temporary(path)
+            made.append(link)
+            try:
+                os.link(tmp, link)
+            except OSError:  # no hard links here (some network and FAT file systems)
+                _write_synced(data, link)
+            os.replace(link, path)
+            made.remove(link)
+        os.replace(tmp, names[-1])
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        for leftover in made:
+            leftover.unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    for folder in dict.fromkeys(path.parent for path in names):
+        _fsync_dir(folder)
+
+
+def _temporary(path: Path) -> Path:
+    """``.NAME.tmp-PID``: what :func:`slhub.artifacts.is_temporary` recognizes."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def _write_synced(data: bytes, path: Path) -> None:
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -196,10 +260,8 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def save_checkpoint(checkpoint: dict[str, Any], *paths: Path) -> None:
-    """Serialize once and write atomically to every path."""
-    data = serialize(checkpoint)
-    for path in paths:
-        atomic_write_bytes(data, path)
+    """Serialize once and write atomically under every path (:func:`atomic_write_bytes`)."""
+    atomic_write_bytes(serialize(checkpoint), *paths)
 
 
 def sha256_file(path: str | Path) -> str:

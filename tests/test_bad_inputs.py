@@ -204,6 +204,25 @@ def test_resume_auto_starts_over_a_run_that_failed_before_its_first_checkpoint(
     assert len([p for p in out.iterdir() if p.name.startswith("superseded-")]) == 1
 
 
+def test_rank0_state_that_cannot_be_pickled_fails_the_run_without_a_checkpoint(
+    capsys, monkeypatch, tmp_path: Path
+):
+    """Rank 0 keeps its own state unpickled until the write: a state torch.save cannot
+    pickle fails that write, before any file is touched, as checkpoint I/O."""
+    out = tmp_path / "out"
+    for name, value in {"SLHUB_FAULT_PHASE": "state", "SLHUB_FAULT_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    recipe = _write(
+        tmp_path / "r.yaml", plugin="slhub_testplugins:FaultInjector", trainer__steps=4,
+        trainer__save_every=1, trainer__validate_every=2, trainer__output_dir=str(out),
+    )  # fmt: skip
+    code = cli.main(["train", "--config", str(recipe)])
+    line = one_line_error_in(code, capsys.readouterr().err)
+    assert "failed during checkpoint I/O" in line and "pickle" in line, line
+    assert load(out / "last.pt")["step"] == 1 and not (out / "step_2.pt").exists()
+    assert not [p for p in out.iterdir() if ".tmp-" in p.name]
+
+
 @pytest.mark.slow  # fault matrix / cross-process check: `python -m pytest -m slow`
 def test_torchrun_summary_names_the_real_cause(tmp_path: Path):
     recipe = _write(

@@ -211,3 +211,72 @@ def test_preserved_leaves_every_stream_where_it_was():
     rng.seed_everything(3)
     fresh = (random.random(), np.random.rand(), torch.rand(5))
     assert after[:2] == fresh[:2] and torch.equal(after[2], fresh[2])
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self.seen = [1, 2]
+
+
+def test_rank_state_snapshot_is_untouched_by_later_changes_to_the_live_state():
+    """Rank 0 keeps a snapshot of its own state instead of a pickle round trip: what
+    validation changes in place between the gather and the write must not reach it."""
+    live = {
+        "weights": torch.arange(4.0),
+        "nested": [torch.ones(2, dtype=torch.int64), ("keep", 3, {"x": torch.zeros(1)})],
+        "object": _Counter(),
+        "dtype": torch.float16,
+    }
+    copy = checkpoint.snapshot(live)
+    live["weights"].add_(10)
+    live["nested"][0].fill_(7)
+    live["nested"][1][2]["x"].fill_(5)
+    live["nested"].append("late")
+    live["object"].seen.append(3)
+    assert torch.equal(copy["weights"], torch.arange(4.0))
+    assert torch.equal(copy["nested"][0], torch.ones(2, dtype=torch.int64))
+    assert copy["nested"][1][:2] == ("keep", 3) and isinstance(copy["nested"][1], tuple)
+    assert torch.equal(copy["nested"][1][2]["x"], torch.zeros(1)) and len(copy["nested"]) == 2
+    assert copy["object"].seen == [1, 2] and copy["dtype"] is torch.float16
+
+
+@pytest.mark.parametrize("links", [True, False], ids=["hard-link", "no-hard-links"])
+def test_one_write_gives_every_name_the_bytes_and_a_later_write_replaces_one_name(
+    tmp_path: Path, monkeypatch, links: bool
+):
+    """last.pt and step_N.pt come from one write (a hard link where the file system has
+    them, a copy where it has not); the next checkpoint replaces last.pt with a new file
+    and leaves step_N.pt's bytes alone."""
+    if not links:
+
+        def no_links(src, dst):
+            raise OSError(1, "Operation not permitted")
+
+        monkeypatch.setattr(os, "link", no_links)
+    first, second = b"step two bytes", b"step four bytes"
+    checkpoint.atomic_write_bytes(first, tmp_path / "last.pt", tmp_path / "step_2.pt")
+    assert (tmp_path / "last.pt").read_bytes() == first == (tmp_path / "step_2.pt").read_bytes()
+    shared = (tmp_path / "last.pt").stat().st_ino == (tmp_path / "step_2.pt").stat().st_ino
+    assert shared is links
+    checkpoint.atomic_write_bytes(second, tmp_path / "last.pt", tmp_path / "step_4.pt")
+    assert (tmp_path / "step_2.pt").read_bytes() == first
+    assert (tmp_path / "last.pt").read_bytes() == second == (tmp_path / "step_4.pt").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "step_2.pt", "step_4.pt"]
+
+
+def test_failed_rename_leaves_no_temporary_and_the_previous_files(tmp_path: Path, monkeypatch):
+    checkpoint.atomic_write_bytes(b"old", tmp_path / "last.pt", tmp_path / "step_2.pt")
+    real_replace = os.replace
+
+    def fail_on_step(src, dst):
+        if Path(dst).name == "step_4.pt":
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", fail_on_step)
+    with pytest.raises(OSError, match="No space left"):
+        checkpoint.atomic_write_bytes(b"new", tmp_path / "last.pt", tmp_path / "step_4.pt")
+    # last.pt was replaced first (what --resume auto reads); nothing half-written remains
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "step_2.pt"]
+    assert (tmp_path / "step_2.pt").read_bytes() == b"old"
+    assert (tmp_path / "last.pt").read_bytes() == b"new"
