@@ -11,7 +11,8 @@
   at update k (by the extra plugin :class:`StopAt`) and resumed, in fresh
   processes (one, or N Gloo workers under torchrun), and compares the two
   final checkpoints bit for bit: model, optimizer, schedule and every rank's
-  state.
+  state. Its :class:`ResumeCheck` also validates the final weights again
+  (:meth:`ResumeCheck.revalidate`), to compare with what the run logged.
 - :func:`assert_tree_equal` is the exact comparison it uses (``torch.equal``
   for tensors).
 """
@@ -39,6 +40,7 @@ from slhub.hookspecs import hookimpl
 from slhub.optim import OptimSection, ScheduleSection, build_optimizer, build_schedule
 from slhub.preemption import EXIT_PREEMPTED, Preempted
 from slhub.recipe import TrainerConfig, as_recipe
+from slhub.trainer import TrainerBase
 
 __all__ = [
     "ResumeCheck",
@@ -70,7 +72,7 @@ def sampler_generator(seed: int, rank: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(rng.derived_seed(seed, rank, "sampler"))
 
 
-class StandInTrainer:
+class StandInTrainer(TrainerBase):
     """What hooks receive as ``trainer``, without a training loop.
 
     :param plugin: when given, raw section mappings in ``sections`` are
@@ -115,20 +117,6 @@ class StandInTrainer:
         self.scheduler: Any = None
         self.saved: list[str | None] = []
         self._sections = _validated(plugin, dict(sections or {}))
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def batch_size(self) -> int:
-        return self.config.batch_size
-
-    def section(self, name: str) -> Any:
-        try:
-            return self._sections[name]
-        except KeyError:
-            raise PluginError(f"recipe has no validated section {name!r}") from None
 
     def save(self, name: str | None = None) -> Path | None:
         self.saved.append(name)
@@ -202,7 +190,35 @@ class ResumeCheck:
     resumed: Path
 
     def final(self, which: str) -> dict[str, Any]:
+        """The last checkpoint of run ``which`` (``uninterrupted``, ``stopped``, ``resumed``)."""
         return torch.load(getattr(self, which) / "last.pt", map_location="cpu", weights_only=True)
+
+    def metrics_after(self, which: str, step: int) -> list[dict[str, Any]]:
+        """Run ``which``'s metrics.jsonl records of updates after ``step``."""
+        lines = (getattr(self, which) / "metrics.jsonl").read_text().splitlines()
+        return [record for record in map(json.loads, lines) if record["step"] > step]
+
+    def revalidate(
+        self, plugin: Any, trainer: StandInTrainer, step: int
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Validate the resumed run's final weights again, outside any loop.
+
+        ``plugin``'s model is built on ``trainer`` (a stand-in holding the run's
+        recorded sections), the final checkpoint's weights are loaded and
+        ``validate`` is called as the loop calls it at ``step``. Returns what it
+        computes and the validation record the run logged at ``step``: whether the
+        checkpoint is the plugin's model and reproduces what the run reported.
+        """
+        model = trainer.build(plugin)
+        model.load_state_dict(self.final("resumed")["model"])
+        with torch.no_grad():
+            (metrics,) = hooks_of(plugin).validate(trainer=trainer, model=model.eval(), step=step)
+        logged = next(
+            record
+            for record in self.metrics_after("resumed", step - 1)
+            if record["step"] == step and any(key.startswith("validation/") for key in record)
+        )
+        return metrics, logged
 
 
 #: ``launcher(argv, workers, env, cwd, timeout) -> (exit statuses by rank, stderr)``.

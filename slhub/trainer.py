@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,7 @@ from slhub.errors import CheckpointError, PluginError, SlhubError
 from slhub.hookspecs import LossResult
 from slhub.optim import MixedPrecision
 from slhub.preemption import Preempted, StopSignals
-from slhub.recipe import Recipe
+from slhub.recipe import Recipe, TrainerConfig
 from slhub.registry import Plugins, direct_caller
 
 LOG = log.get_logger()
@@ -82,7 +83,32 @@ class _Objective(nn.Module):
         return result
 
 
-class Loop:
+class TrainerBase:
+    """The :class:`slhub.Trainer` protocol's accessors, derived from ``rank``, ``config``
+    and ``_sections`` (validated recipe sections by name): shared by the loop and
+    :class:`slhub.testing.StandInTrainer`, so a plugin sees the same answers from both."""
+
+    rank: int
+    config: TrainerConfig
+    _sections: Mapping[str, Any]
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def batch_size(self) -> int:
+        return self.config.batch_size
+
+    def section(self, name: str) -> Any:
+        """The validated recipe section ``name`` owned by a plugin."""
+        try:
+            return self._sections[name]
+        except KeyError:
+            raise PluginError(f"recipe has no validated section {name!r}") from None
+
+
+class Loop(TrainerBase):
     """One rank's training loop; every hook receives it as ``trainer``."""
 
     def __init__(self, recipe: Recipe, plugins: Plugins, device: torch.device) -> None:
@@ -138,22 +164,9 @@ class Loop:
             raise PluginError("configure_optimizers returned a scheduler without state_dict()")
         return optimizer, scheduler
 
-    # ------------------------------------------------------------------ access
-
     @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def batch_size(self) -> int:
-        return self.config.batch_size
-
-    def section(self, name: str) -> Any:
-        """The validated recipe section ``name`` owned by a plugin."""
-        try:
-            return self.recipe.sections[name]
-        except KeyError:
-            raise PluginError(f"recipe has no validated section {name!r}") from None
+    def _sections(self) -> Mapping[str, Any]:
+        return self.recipe.sections
 
     # ----------------------------------------------------------------- resume
 

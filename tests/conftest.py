@@ -150,6 +150,26 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def torchrun_env(
+    rank: int,
+    world_size: int,
+    port: int | str,
+    local_rank: int | None = None,
+    per_node: int | None = None,
+) -> dict[str, str]:
+    """The variables torchrun gives worker ``rank`` of ``world_size`` (rendezvous on
+    127.0.0.1:``port``); ``local_rank``/``per_node`` for workers on separate "nodes"
+    (default: all on one node)."""
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank if local_rank is None else local_rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(world_size if per_node is None else per_node),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+
+
 def launch_workers(*args: str, nproc: int = 2, env: dict[str, str] | None = None, timeout=120):
     """Start N ``slhub`` workers with torchrun's environment, without torchrun.
 
@@ -159,19 +179,8 @@ def launch_workers(*args: str, nproc: int = 2, env: dict[str, str] | None = None
     (tests/warm_processes.py). Returns ``(seconds, [(returncode, stderr), ...])``
     by rank.
     """
-    port = str(free_port())
-    envs = []
-    for rank in range(nproc):
-        worker_env = subprocess_env(env)
-        worker_env.update(
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            WORLD_SIZE=str(nproc),
-            LOCAL_WORLD_SIZE=str(nproc),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=port,
-        )
-        envs.append(worker_env)
+    port = free_port()
+    envs = [{**subprocess_env(env), **torchrun_env(rank, nproc, port)} for rank in range(nproc)]
     seconds, results = warm_processes.run(args, envs, REPO, timeout)
     return seconds, [(code, err) for code, _, err in results]
 
@@ -179,13 +188,11 @@ def launch_workers(*args: str, nproc: int = 2, env: dict[str, str] | None = None
 def warm_launcher(argv, workers, env, cwd, timeout) -> tuple[list[int], str]:
     """A ``launcher`` for :func:`slhub.testing.check_resume_exact`: workers forked from the
     warm server with torchrun's environment (tests/warm_processes.py)."""
-    port = str(free_port())
+    port = free_port()
     envs = [
-        {**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(workers),
-         "LOCAL_WORLD_SIZE": str(workers), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-        if workers > 1 else dict(env)
+        {**env, **torchrun_env(rank, workers, port)} if workers > 1 else dict(env)
         for rank in range(workers)
-    ]  # fmt: skip
+    ]
     _, results = warm_processes.run(argv, envs, cwd, timeout)
     return [code for code, _, _ in results], "\n".join(err for _, _, err in results)
 

@@ -5,18 +5,12 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from conftest import free_port
+from conftest import free_port, torchrun_env
 from slhub import distributed_run
 
 
 def _torchrun_env(monkeypatch) -> None:
-    for key, value in {
-        "RANK": "0",
-        "LOCAL_RANK": "0",
-        "WORLD_SIZE": "1",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
-    }.items():
+    for key, value in torchrun_env(0, 1, free_port()).items():
         monkeypatch.setenv(key, value)
 
 

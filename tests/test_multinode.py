@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, free_port, load, metrics_of, subprocess_env, write_recipe
+from conftest import REPO, free_port, load, metrics_of, subprocess_env, torchrun_env, write_recipe
 from slhub.preemption import EXIT_PREEMPTED
 from slhub.testing import STATE_KEYS, STOP_AT_ENV, assert_tree_equal
 
@@ -146,15 +146,14 @@ def _workers(recipe: Path, cwds: list[Path], env: dict | None = None) -> list[tu
     """``slhub train --resume auto`` on two workers (RANK 0 and 1) in the working
     directories ``cwds``: with a relative output_dir, two nodes that share no filesystem
     when the directories differ. Returns ``(exit status, stderr)`` by rank."""
-    port = str(free_port())
+    port = free_port()
     procs = []
     for rank, cwd in enumerate(cwds):
-        worker_env = subprocess_env(env)
-        worker_env.update(
-            RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE="2", LOCAL_WORLD_SIZE="1",
-            MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
-            PYTHONPATH=f"{REPO}:{worker_env['PYTHONPATH']}",
-        )  # fmt: skip
+        worker_env = {
+            **subprocess_env(env),
+            **torchrun_env(rank, 2, port, local_rank=0, per_node=1),
+        }
+        worker_env["PYTHONPATH"] = f"{REPO}:{worker_env['PYTHONPATH']}"
         command = [sys.executable, "-m", "slhub", "train", "--config", str(recipe)]
         procs.append(
             subprocess.Popen(

@@ -26,6 +26,7 @@ from conftest import (
     one_line_error,
     run_cli,
     subprocess_env,
+    torchrun_env,
     write_recipe,
 )
 from slhub.preemption import EXIT_PREEMPTED, REPEAT_AFTER_S
@@ -53,10 +54,7 @@ def _start(recipe: Path, *extra: str, workers: int = 1, port: int | None = None,
     for rank in range(workers):
         worker_env = subprocess_env(env)
         if workers > 1:
-            worker_env.update(
-                RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(workers),
-                LOCAL_WORLD_SIZE=str(workers), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-            )  # fmt: skip
+            worker_env.update(torchrun_env(rank, workers, port))
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-m", "slhub", "train", "--config", str(recipe), *extra],

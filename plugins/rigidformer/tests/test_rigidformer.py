@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -111,12 +108,6 @@ def test_validate_and_float64(make_trainer):
 # ------------------------------------------------------------------ the example recipe
 
 
-def _metrics(folder: Path, after: int) -> list[dict]:
-    """The run's metrics.jsonl records of updates after ``after``."""
-    lines = (folder / "metrics.jsonl").read_text().splitlines()
-    return [m for m in map(json.loads, lines) if m["step"] > after]
-
-
 def test_example_recipe_resumes_bit_exactly(tmp_path, repo, make_trainer):
     """examples/rigidformer/boxes.yaml, made tiny, stopped after update 2 and resumed on one
     process, ends bit for bit where the uninterrupted run ends (model, optimizer, every
@@ -153,18 +144,13 @@ def test_example_recipe_resumes_bit_exactly(tmp_path, repo, make_trainer):
         ("slhub.testing:StopAt", "slhub.testing:StopAt", "extra"),
     ]
     # Updates 3 and 4 log the same losses and validation in both runs.
-    later = _metrics(check.uninterrupted, after=2)
-    assert later == _metrics(check.resumed, after=2)
+    later = check.metrics_after("uninterrupted", 2)
+    assert later == check.metrics_after("resumed", 2)
     assert [m["step"] for m in later if "validation/mse" in m] == [4]
     # The weights are the plugin's model for the recorded section, and validating them
     # gives what the run logged at update 4.
     section = RigidFormerSection.model_validate(run["recipe"]["rigidformer"])
-    plugin, trainer = RigidFormerPlugin(), make_trainer(section)
-    model = trainer.build(plugin)
-    model.load_state_dict(final["model"])
-    with torch.no_grad():
-        (metrics,) = hooks_of(plugin).validate(trainer=trainer, model=model.eval(), step=4)
-    logged = next(m for m in later if "validation/mse" in m)
+    metrics, logged = check.revalidate(RigidFormerPlugin(), make_trainer(section), step=4)
     assert set(logged) == {"step", *(f"validation/{k}" for k in metrics)}
     for key, value in metrics.items():
         assert value == pytest.approx(logged[f"validation/{key}"], rel=1e-6, abs=1e-12), key
