@@ -141,8 +141,8 @@ def snapshot(value: Any) -> Any:
     of it costs ~35 us and a pickle round trip of the whole state ~0.1-0.3 ms.
     """
     kind = type(value)
-    if kind is torch.Tensor and not value.requires_grad:
-        return value.clone()
+    if kind is torch.Tensor:  # a new leaf, as unpickling gives (deepcopy refuses non-leaves)
+        return value.detach().clone().requires_grad_(value.requires_grad)
     if kind in _IMMUTABLE:
         return value
     if kind is dict:

@@ -226,8 +226,11 @@ def test_rank_state_snapshot_is_untouched_by_later_changes_to_the_live_state():
         "nested": [torch.ones(2, dtype=torch.int64), ("keep", 3, {"x": torch.zeros(1)})],
         "object": _Counter(),
         "dtype": torch.float16,
+        "computed": torch.ones(2, requires_grad=True) * 2,  # a non-leaf: deepcopy refuses it
     }
     copy = checkpoint.snapshot(live)
+    assert copy["computed"].is_leaf and copy["computed"].requires_grad
+    assert torch.equal(copy["computed"].detach(), torch.full((2,), 2.0))
     live["weights"].add_(10)
     live["nested"][0].fill_(7)
     live["nested"][1][2]["x"].fill_(5)
