@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import copyreg
+import errno
 import hashlib
 import io
 import json
@@ -151,6 +152,13 @@ def snapshot(value: Any) -> Any:
         return [snapshot(item) for item in value]
     if kind is tuple:
         return tuple(snapshot(item) for item in value)
+    if isinstance(value, dict):  # OrderedDict, defaultdict...: same type, entries snapshotted
+        copied = copy.copy(value)
+        for key, item in value.items():
+            copied[key] = snapshot(item)
+        return copied
+    if isinstance(value, tuple) and hasattr(value, "_make"):  # a namedtuple
+        return value._make(snapshot(item) for item in value)
     return copy.deepcopy(value)
 
 
@@ -206,12 +214,13 @@ def atomic_write_bytes(data: bytes, *paths: Path) -> None:
     itself is renamed over the last path; each directory is fsynced once. So a
     checkpoint and ``last.pt`` cost one write and one fsync, not two, and share
     their blocks on disk (every later write replaces a name with a new file; no
-    file is ever changed in place, so sharing is safe). Where hard links are not
-    supported the path gets its own copy. A reader sees the old file or the new
-    one, never a torn one; a failure leaves the previous files intact and
-    removes the temporaries.
+    file is ever changed in place, so sharing is safe: a temporary left by a
+    killed writer may be such a link, so it is unlinked, never written into).
+    Where hard links are not supported the path gets its own copy. A reader sees
+    each name's old file or its new one, never a torn one; a failure removes the
+    temporaries and leaves every name not yet replaced as it was.
     """
-    names = list(dict.fromkeys(paths))
+    names = list({os.path.abspath(path): Path(path) for path in paths}.values())
     tmp = _temporary(names[-1])
     made = [tmp]  # temporaries to remove if anything fails
     try:
@@ -219,9 +228,12 @@ def atomic_write_bytes(data: bytes, *paths: Path) -> None:
         for path in names[:-1]:
             link = _temporary(path)
             made.append(link)
+            link.unlink(missing_ok=True)
             try:
                 os.link(tmp, link)
-            except OSError:  # no hard links here (some network and FAT file systems)
+            except OSError as exc:
+                if exc.errno not in _NO_HARD_LINKS:
+                    raise
                 _write_synced(data, link)
             os.replace(link, path)
             made.remove(link)
@@ -234,13 +246,24 @@ def atomic_write_bytes(data: bytes, *paths: Path) -> None:
         _fsync_dir(folder)
 
 
+#: What ``os.link`` fails with where a file system has no hard links (FAT, some
+#: network and FUSE mounts): the name then gets its own copy.
+_NO_HARD_LINKS = frozenset(
+    {errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOSYS, errno.EOPNOTSUPP}
+    | {getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)}
+)
+
+
 def _temporary(path: Path) -> Path:
     """``.NAME.tmp-PID``: what :func:`slhub.artifacts.is_temporary` recognizes."""
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
 def _write_synced(data: bytes, path: Path) -> None:
-    with open(path, "wb") as handle:
+    """A new file at ``path`` (one already there is unlinked first, not overwritten:
+    it may be a hard link to a checkpoint) holding ``data``, fsynced."""
+    path.unlink(missing_ok=True)
+    with open(path, "xb") as handle:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())

@@ -214,10 +214,15 @@ class ResumeCheck:
         with torch.no_grad():
             (metrics,) = hooks_of(plugin).validate(trainer=trainer, model=model.eval(), step=step)
         logged = next(
-            record
-            for record in self.metrics_after("resumed", step - 1)
-            if record["step"] == step and any(key.startswith("validation/") for key in record)
+            (
+                record
+                for record in self.metrics_after("resumed", step - 1)
+                if record["step"] == step and any(key.startswith("validation/") for key in record)
+            ),
+            None,
         )
+        if logged is None:
+            raise AssertionError(f"the resumed run logged no validation at update {step}")
         return metrics, logged
 
 

@@ -6,6 +6,7 @@ import json
 import os
 import random
 import shutil
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -227,6 +228,7 @@ def test_rank_state_snapshot_is_untouched_by_later_changes_to_the_live_state():
         "object": _Counter(),
         "dtype": torch.float16,
         "computed": torch.ones(2, requires_grad=True) * 2,  # a non-leaf: deepcopy refuses it
+        "ordered": OrderedDict(grad=torch.ones(1, requires_grad=True) * 3),
     }
     copy = checkpoint.snapshot(live)
     assert copy["computed"].is_leaf and copy["computed"].requires_grad
@@ -241,6 +243,7 @@ def test_rank_state_snapshot_is_untouched_by_later_changes_to_the_live_state():
     assert copy["nested"][1][:2] == ("keep", 3) and isinstance(copy["nested"][1], tuple)
     assert torch.equal(copy["nested"][1][2]["x"], torch.zeros(1)) and len(copy["nested"]) == 2
     assert copy["object"].seen == [1, 2] and copy["dtype"] is torch.float16
+    assert type(copy["ordered"]) is OrderedDict and copy["ordered"]["grad"].is_leaf
 
 
 @pytest.mark.parametrize("links", [True, False], ids=["hard-link", "no-hard-links"])
@@ -283,3 +286,31 @@ def test_failed_rename_leaves_no_temporary_and_the_previous_files(tmp_path: Path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "step_2.pt"]
     assert (tmp_path / "step_2.pt").read_bytes() == b"old"
     assert (tmp_path / "last.pt").read_bytes() == b"new"
+
+
+def test_a_killed_writers_temporary_is_unlinked_never_written_into(tmp_path: Path, monkeypatch):
+    """A writer killed between its two renames leaves ``.step_N.pt.tmp-PID``, a hard link to
+    last.pt. A later writer with the same pid must not open that name for writing: it would
+    change last.pt (and the checkpoint it shares its bytes with) in place."""
+    last, step_5 = tmp_path / "last.pt", tmp_path / "step_5.pt"
+    checkpoint.atomic_write_bytes(b"step five", last, step_5)
+    pid = os.getpid()
+    os.link(last, tmp_path / f".step_7.pt.tmp-{pid}")  # what the killed writer left
+    os.link(last, tmp_path / f".last.pt.tmp-{pid}")
+    checkpoint.atomic_write_bytes(b"step seven", last, tmp_path / "step_7.pt")
+    assert step_5.read_bytes() == b"step five"
+    assert last.read_bytes() == b"step seven" == (tmp_path / "step_7.pt").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "step_5.pt", "step_7.pt"]
+
+
+def test_a_link_failure_other_than_no_hard_links_fails_the_write(tmp_path: Path, monkeypatch):
+    checkpoint.atomic_write_bytes(b"old", tmp_path / "last.pt", tmp_path / "step_2.pt")
+
+    def broken_disk(src, dst):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "link", broken_disk)
+    with pytest.raises(OSError, match="Input/output error"):
+        checkpoint.atomic_write_bytes(b"new", tmp_path / "last.pt", tmp_path / "step_4.pt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "step_2.pt"]
+    assert (tmp_path / "last.pt").read_bytes() == b"old"

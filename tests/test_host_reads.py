@@ -46,6 +46,7 @@ class CountBetween:
 
     def __init__(self, first: int, last: int) -> None:
         self.first, self.last, self.mode = first, last, HostReads()
+        self.active = False
 
     @hookimpl
     def on_log(self, trainer, step, metrics) -> None:
@@ -54,8 +55,10 @@ class CountBetween:
             self.mode.host_side = {id(entry["step"]) for entry in state}
             assert all(not entry["step"].is_cuda for entry in state)  # host-side indeed
             self.mode.__enter__()
+            self.active = True
         elif step == self.last:
             self.mode.__exit__(None, None, None)
+            self.active = False
 
 
 class TensorWeight(SlDdpPlugin):
@@ -71,17 +74,21 @@ class TensorWeight(SlDdpPlugin):
 def _reads_per_update(tmp_path: Path, *overrides: str) -> dict[str, float]:
     first, last = 2, 12
     counter = CountBetween(first, last)
-    train(
-        str(SL_DDP),
-        [
-            f"trainer.output_dir={tmp_path / 'out'}",
-            f"trainer.steps={last + 1}",
-            "trainer.validate_every=0",
-            "trainer.save_every=0",
-            *overrides,
-        ],
-        plugins=[counter],
-    )
+    try:
+        train(
+            str(SL_DDP),
+            [
+                f"trainer.output_dir={tmp_path / 'out'}",
+                f"trainer.steps={last + 1}",
+                "trainer.validate_every=0",
+                "trainer.save_every=0",
+                *overrides,
+            ],
+            plugins=[counter],
+        )
+    finally:  # a run that failed while counting must not leave the mode on for later tests
+        if counter.active:
+            counter.mode.__exit__(None, None, None)
     return {name: n / (last - first) for name, n in counter.mode.calls.items()}
 
 
