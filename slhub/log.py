@@ -19,6 +19,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import structlog
+import structlog.tracebacks
 
 FORMATS = ("console", "json")
 
@@ -64,6 +65,10 @@ def configure(fmt: str = "console", rank: int = 0, world_size: int = 1) -> None:
     if fmt == "json":
         processors += [
             structlog.processors.TimeStamper(fmt="iso", utc=True),
+            # exc_info as structured frames, without locals (tensors, paths, secrets)
+            structlog.processors.ExceptionRenderer(
+                structlog.tracebacks.ExceptionDictTransformer(show_locals=False)
+            ),
             structlog.processors.JSONRenderer(),
         ]
     else:

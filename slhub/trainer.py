@@ -243,7 +243,7 @@ class Loop(TrainerBase):
         try:
             self.hook.on_fit_end(trainer=self, status=status)
         except Exception as exc:  # noqa: BLE001 - the run's outcome is already decided
-            LOG.error("on_fit_end failed", error=f"{exc.__class__.__name__}: {exc}")
+            _log_failure("on_fit_end failed", exc)
 
     def _update(self, step: int) -> bool:
         """One update under the protocol; True when the run was asked to stop after it."""
@@ -295,14 +295,14 @@ class Loop(TrainerBase):
                         result = wrapped(batch, step)
                 weight = float(result.weight)
                 if not math.isfinite(weight) or weight < 0:
-                    raise ValueError(f"LossResult.weight must be finite and >= 0, got {weight}")
+                    raise PluginError(f"LossResult.weight must be finite and >= 0, got {weight}")
                 # read once (a host sync on a GPU): scale_loss and the metrics see the float
                 result.weight = weight
                 if weight > 0:
                     loss_value = float(result.loss.detach())
                     if not math.isfinite(loss_value):
                         phase = "non-finite loss"
-                        raise FloatingPointError(f"loss is {loss_value} at update {step}")
+                        raise SlhubError(f"loss is {loss_value} at update {step}")
                     weight_sum, loss_sum = weight_sum + weight, loss_sum + weight * loss_value
                 if final:
                     last = (result, weight)
@@ -310,6 +310,8 @@ class Loop(TrainerBase):
                     with self._sync(False):
                         self._backward(result, weight, None)
         except Exception as exc:  # noqa: BLE001 - every rank-local failure is agreed on
+            if not isinstance(exc, SlhubError):
+                _log_failure(f"{phase} failed", exc)
             return None, 0.0, 0.0, (phase, exc)
         return last, weight_sum, loss_sum, None
 
@@ -397,7 +399,7 @@ class Loop(TrainerBase):
             if self.is_main:
                 self._log_line(metrics)
         except Exception as exc:  # noqa: BLE001 - held for the next agreement
-            LOG.error("commit failed", error=str(exc))
+            _log_failure("commit failed", exc)
             self._held = ("commit", exc)
 
     def _exact_zero(self) -> torch.Tensor:
@@ -419,7 +421,7 @@ class Loop(TrainerBase):
             try:
                 self._validate(step)
             except Exception as exc:  # noqa: BLE001 - held for the next agreement
-                LOG.error("validation failed", error=str(exc))
+                _log_failure("validation failed", exc)
                 failed_validation = exc
         if save_now and self._committed is not None:  # None: another rank failed to gather
             try:  # the committed update is saved even when its validation failed
@@ -531,6 +533,16 @@ class _Calls:
         }
         self.on_commit = direct_caller(pm, "on_commit") if "on_commit" in implemented else None
         self.on_log = direct_caller(pm, "on_log") if "on_log" in implemented else None
+
+
+def _log_failure(event: str, exc: BaseException) -> None:
+    """A rank-local failure, logged on its rank where it happened. A plain exception is a
+    bug in plugin code: its traceback goes with it, since the run ends with one line
+    (``rank R failed during PHASE: ...``) that cannot show where it was raised."""
+    if isinstance(exc, SlhubError):
+        LOG.error(event, error=str(exc))
+    else:
+        LOG.error(event, error=f"{exc.__class__.__name__}: {exc}", exc_info=exc)
 
 
 def _scalar(value: Any) -> Any:

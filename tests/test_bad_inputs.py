@@ -155,10 +155,17 @@ def test_metrics_write_failure_is_one_line(tmp_path: Path):
     assert "metrics.jsonl: cannot append metrics (File too large)" in line
 
 
-def one_line_error_in(returncode: int, stderr: str) -> str:
-    """Exit 2, no traceback, exactly one ``slhub: error:`` line (log lines may precede it)."""
+def one_line_error_in(returncode: int, stderr: str, plugin_bug: bool = False) -> str:
+    """Exit 2, exactly one ``slhub: error:`` line (log lines may precede it), and no
+    traceback, unless ``plugin_bug``: a plain exception raised in plugin code, whose
+    traceback the failing rank logs before the run ends with the one line."""
     assert returncode == 2, stderr[-2000:]
-    assert "Traceback" not in stderr, stderr[-3000:]
+    if plugin_bug:
+        assert stderr.count("Traceback (most recent call last):") == 1, stderr[-3000:]
+        assert 'slhub_testplugins.py", line' in stderr, stderr[-3000:]
+        assert stderr.rstrip().splitlines()[-1].startswith("slhub: error:"), stderr[-3000:]
+    else:
+        assert "Traceback" not in stderr, stderr[-3000:]
     lines = [line for line in stderr.splitlines() if line.startswith("slhub: error:")]
     assert len(lines) == 1, stderr[-2000:]
     return lines[0]
@@ -195,13 +202,53 @@ def test_resume_auto_starts_over_a_run_that_failed_before_its_first_checkpoint(
             faulty.setenv(name, value)
         code = cli.main(["train", "--config", str(recipe), "--resume", "auto"])
         err = capsys.readouterr().err
-    assert "failed during sampling" in one_line_error_in(code, err)
+    assert "failed during sampling" in one_line_error_in(code, err, plugin_bug=True)
     assert (out / "run.json").exists() and not (out / "last.pt").exists()
     code = cli.main(["train", "--config", str(recipe), "--resume", "auto"])
     err = capsys.readouterr().err
     assert code == 0, err[-2000:]
     assert [m["step"] for m in metrics_of(out) if "train/loss" in m] == [1, 2, 3, 4]
     assert len([p for p in out.iterdir() if p.name.startswith("superseded-")]) == 1
+
+
+@pytest.mark.parametrize("fmt", ["console", "json"])
+def test_a_plugin_bug_is_logged_with_its_traceback_then_one_line(
+    capsys, monkeypatch, tmp_path: Path, fmt: str
+):
+    """A plain exception raised in a plugin's objective is a bug in that plugin: the rank
+    logs where it was raised (console: the traceback; JSON: structured frames, no
+    locals), then the run ends with the one-line rank failure, exit status 2."""
+    for name, value in {"SLHUB_FAULT_PHASE": "objective", "SLHUB_FAULT_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    recipe = _write(
+        tmp_path / "r.yaml", plugin="slhub_testplugins:FaultInjector", trainer__steps=4,
+        trainer__output_dir=str(tmp_path / "out"),
+    )  # fmt: skip
+    code = cli.main(["train", "--config", str(recipe), "--log-format", fmt])
+    err = capsys.readouterr().err
+    if fmt == "console":
+        line = one_line_error_in(code, err, plugin_bug=True)
+    else:
+        assert code == 2 and "Traceback" not in err, err[-2000:]
+        (event,) = [json.loads(x) for x in err.splitlines() if '"objective failed"' in x]
+        (exception,) = event["exception"]
+        assert exception["exc_type"] == "RuntimeError" and event["step"] == 2
+        assert exception["frames"][-1]["filename"].endswith("slhub_testplugins.py")
+        assert not any("locals" in frame for frame in exception["frames"])
+        line = json.loads(err.strip().splitlines()[-1])["message"]
+    assert "rank 0 failed during objective: RuntimeError: injected objective failure" in line
+
+
+def test_a_non_finite_loss_is_one_line_without_a_traceback(capsys, monkeypatch, tmp_path: Path):
+    for name, value in {"SLHUB_FAULT_PHASE": "nonfinite", "SLHUB_FAULT_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    recipe = _write(
+        tmp_path / "r.yaml", plugin="slhub_testplugins:FaultInjector", trainer__steps=4,
+        trainer__output_dir=str(tmp_path / "out"),
+    )  # fmt: skip
+    code = cli.main(["train", "--config", str(recipe)])
+    line = one_line_error_in(code, capsys.readouterr().err)
+    assert "rank 0 failed during non-finite loss: loss is nan at update 2" in line
 
 
 def test_rank0_state_that_cannot_be_pickled_fails_the_run_without_a_checkpoint(
