@@ -211,6 +211,21 @@ def test_resume_auto_starts_over_a_run_that_failed_before_its_first_checkpoint(
     assert len([p for p in out.iterdir() if p.name.startswith("superseded-")]) == 1
 
 
+def _faulty_run(
+    capsys, monkeypatch, tmp_path: Path, phase: str, *args: str, **changes
+) -> tuple[int, str]:
+    """``slhub train`` in this process with ``FaultInjector`` failing in ``phase`` on rank 0
+    at update 2: exit status and stderr."""
+    monkeypatch.setenv("SLHUB_FAULT_PHASE", phase)
+    monkeypatch.setenv("SLHUB_FAULT_RANK", "0")
+    recipe = _write(
+        tmp_path / "r.yaml", plugin="slhub_testplugins:FaultInjector", trainer__steps=4,
+        trainer__output_dir=str(tmp_path / "out"), **changes,
+    )  # fmt: skip
+    code = cli.main(["train", "--config", str(recipe), *args])
+    return code, capsys.readouterr().err
+
+
 @pytest.mark.parametrize("fmt", ["console", "json"])
 def test_a_plugin_bug_is_logged_with_its_traceback_then_one_line(
     capsys, monkeypatch, tmp_path: Path, fmt: str
@@ -218,14 +233,7 @@ def test_a_plugin_bug_is_logged_with_its_traceback_then_one_line(
     """A plain exception raised in a plugin's objective is a bug in that plugin: the rank
     logs where it was raised (console: the traceback; JSON: structured frames, no
     locals), then the run ends with the one-line rank failure, exit status 2."""
-    for name, value in {"SLHUB_FAULT_PHASE": "objective", "SLHUB_FAULT_RANK": "0"}.items():
-        monkeypatch.setenv(name, value)
-    recipe = _write(
-        tmp_path / "r.yaml", plugin="slhub_testplugins:FaultInjector", trainer__steps=4,
-        trainer__output_dir=str(tmp_path / "out"),
-    )  # fmt: skip
-    code = cli.main(["train", "--config", str(recipe), "--log-format", fmt])
-    err = capsys.readouterr().err
+    code, err = _faulty_run(capsys, monkeypatch, tmp_path, "objective", "--log-format", fmt)
     if fmt == "console":
         line = one_line_error_in(code, err, plugin_bug=True)
     else:
@@ -240,14 +248,7 @@ def test_a_plugin_bug_is_logged_with_its_traceback_then_one_line(
 
 
 def test_a_non_finite_loss_is_one_line_without_a_traceback(capsys, monkeypatch, tmp_path: Path):
-    for name, value in {"SLHUB_FAULT_PHASE": "nonfinite", "SLHUB_FAULT_RANK": "0"}.items():
-        monkeypatch.setenv(name, value)
-    recipe = _write(
-        tmp_path / "r.yaml", plugin="slhub_testplugins:FaultInjector", trainer__steps=4,
-        trainer__output_dir=str(tmp_path / "out"),
-    )  # fmt: skip
-    code = cli.main(["train", "--config", str(recipe)])
-    line = one_line_error_in(code, capsys.readouterr().err)
+    line = one_line_error_in(*_faulty_run(capsys, monkeypatch, tmp_path, "nonfinite"))
     assert "rank 0 failed during non-finite loss: loss is nan at update 2" in line
 
 
@@ -257,14 +258,10 @@ def test_rank0_state_that_cannot_be_pickled_fails_the_run_without_a_checkpoint(
     """Rank 0 keeps its own state unpickled until the write: a state torch.save cannot
     pickle fails that write, before any file is touched, as checkpoint I/O."""
     out = tmp_path / "out"
-    for name, value in {"SLHUB_FAULT_PHASE": "state", "SLHUB_FAULT_RANK": "0"}.items():
-        monkeypatch.setenv(name, value)
-    recipe = _write(
-        tmp_path / "r.yaml", plugin="slhub_testplugins:FaultInjector", trainer__steps=4,
-        trainer__save_every=1, trainer__validate_every=2, trainer__output_dir=str(out),
-    )  # fmt: skip
-    code = cli.main(["train", "--config", str(recipe)])
-    line = one_line_error_in(code, capsys.readouterr().err)
+    code, err = _faulty_run(
+        capsys, monkeypatch, tmp_path, "state", trainer__save_every=1, trainer__validate_every=2
+    )
+    line = one_line_error_in(code, err)
     assert "failed during checkpoint I/O" in line and "pickle" in line, line
     assert load(out / "last.pt")["step"] == 1 and not (out / "step_2.pt").exists()
     assert not [p for p in out.iterdir() if ".tmp-" in p.name]
