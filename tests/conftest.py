@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -125,11 +126,15 @@ def one_line_error(proc: subprocess.CompletedProcess) -> str:
 
 
 def cli_error(capsys, *argv: str) -> str:
-    """``slhub ARGV`` in this process (no interpreter start-up): exit 2 and one stderr line."""
+    """``slhub ARGV`` in this process (no interpreter start-up): exit 2 and one stderr line,
+    and no Python warning (a process would print it on stderr; pytest would record it)."""
     from slhub import cli
 
-    code = cli.main(list(argv))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code = cli.main(list(argv))
     err = capsys.readouterr().err
+    assert not caught, [f"{w.category.__name__}: {w.message}" for w in caught]
     assert code == 2, (code, err[-2000:])
     assert "Traceback" not in err, err
     lines = [line for line in err.splitlines() if line.strip()]
