@@ -4,7 +4,7 @@
 # structlog). Results go under $OUT (one log per check and summary.txt).
 #
 #   here:   pip download --only-binary=:all: --python-version 3.12 \
-#             --platform manylinux2014_x86_64 -d .whl pydantic structlog
+#             --platform manylinux2014_x86_64 -d .whl pydantic structlog pytest
 #   device: bash scripts/device_check.sh          (carry .whl; timeout_s 540)
 #
 # Checks, each under its own time limit (about 8 minutes in all):
