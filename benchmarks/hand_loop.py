@@ -16,6 +16,7 @@ import io
 import json
 import os
 import random
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -62,9 +63,11 @@ def hand_loop(
     model = nn.Sequential(nn.Linear(4, hidden), nn.Tanh(), nn.Linear(hidden, 2)).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
     generator = torch.Generator().manual_seed(sampler_seed)
-    ddp: nn.Module = (
-        DistributedDataParallel(model, broadcast_buffers=False) if distributed else model
-    )
+    with warnings.catch_warnings():  # torch 2.13 deprecates broadcast_buffers (as in slhub)
+        warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated")
+        ddp: nn.Module = (
+            DistributedDataParallel(model, broadcast_buffers=False) if distributed else model
+        )
     metrics = None
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)

@@ -1,24 +1,28 @@
-"""slhub's per-update overhead on one process, interleaved with a hand-written loop in blocks.
+"""slhub's per-update overhead, interleaved with a hand-written loop in blocks, in one job.
 
     OMP_NUM_THREADS=1 python benchmarks/interleaved_overhead.py     # 4000 updates, blocks of 100
+    OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node=2 benchmarks/interleaved_overhead.py
 
 For a shared, noisy machine: instead of timing two launches minutes apart,
-one process runs slhub (``slhub.train`` on ``examples/sl_ddp/cpu.yaml``) and a
-hand-written loop doing the same work (as in ``sl_ddp_vs_torch.py``, one
-process: validation every 50, durable checkpoint every 100, or as
-``--validate-every`` / ``--save-every`` set, 0 for none) side by side, in
-alternating blocks of ``--block`` updates: from slhub's ``on_log`` at every
-block's last update a probe plugin runs the next block of the hand loop. So
+one process (or each of N Gloo workers under torchrun, sharing one process
+group) runs slhub (``slhub.train`` on ``examples/sl_ddp/cpu.yaml``) and a
+hand-written loop doing the same work (``hand_loop.py``, as in
+``sl_ddp_vs_torch.py``, DDP under a group: validation every 50, durable
+checkpoint every 100, or as ``--validate-every`` / ``--save-every`` set, 0 for
+none) side by side, in alternating blocks of ``--block`` updates: from slhub's
+``on_commit`` at every block's last update (on every rank) a probe plugin runs
+the next block of the hand loop. So
 both see the same load within seconds, and by default each block of either contains one
 checkpoint and two validations. Per block it records wall time
 (``perf_counter``) and this thread's CPU time (``thread_time``, which does not
 count time spent waiting for a CPU).
 
 slhub's block is the time from the probe's return to its next call: updates,
-its boundaries and the probe's own ``on_log`` calls (a few microseconds per
-update). The first block of each is a warm-up and not counted. It prints
-medians and the median of per-block ratios, and checks that both loops
-produced the same metrics and bitwise-equal weights.
+its boundaries and the probe's own ``on_commit`` calls (a few microseconds per
+update). The first block of each is a warm-up and not counted. Rank 0 prints
+medians and the median of per-block ratios (its times: the collectives keep
+the ranks in step), and checks that both loops produced the same metrics and
+bitwise-equal weights.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import torch  # noqa: E402
 from hand_loop import hand_loop  # noqa: E402 - benchmarks/hand_loop.py
 
 import slhub  # noqa: E402
-from slhub import hookimpl  # noqa: E402
+from slhub import distributed, hookimpl  # noqa: E402
 from slhub.trainer import sampler_seed  # noqa: E402
 
 SEED, VALIDATE_EVERY, SAVE_EVERY = 0, 50, 100
@@ -54,8 +58,8 @@ class Interleave:
         self._resumed: tuple[float, float] | None = None
 
     @hookimpl
-    def on_log(self, trainer, step, metrics):
-        if "train/loss" not in metrics or step % self.block:
+    def on_commit(self, trainer, step):
+        if step % self.block:
             return
         now = (time.perf_counter(), time.thread_time())
         if self._resumed is not None:
@@ -67,7 +71,14 @@ class Interleave:
         self.times["hand"].append(
             (time.perf_counter() - started[0], time.thread_time() - started[1])
         )
+        if step == self.updates:  # finish it now: its DDP wrapper must go before the group
+            for _ in self.hand:
+                pass
         self._resumed = (time.perf_counter(), time.thread_time())
+
+
+def _load() -> str:
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
 def _check(a: Path, b: Path) -> str:
@@ -99,24 +110,27 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(
             "--block must divide --updates and be a multiple of --validate-every and --save-every"
         )
-    base = Path(tempfile.mkdtemp(prefix="slhub-interleaved-"))
-    hand = hand_loop(
-        base / "hand", args.updates, sampler_seed(SEED, 0),
-        validate_every=args.validate_every, save_every=args.save_every,
-    )  # fmt: skip
-    probe = Interleave(hand, args.block, args.updates)
-    print(f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
-    overrides = [
-        f"trainer.output_dir={base / 'slhub'}",
-        f"trainer.steps={args.updates}",
-        f"trainer.validate_every={args.validate_every}",
-        f"trainer.save_every={args.save_every}",
-    ]
-    slhub.train(ROOT / "examples" / "sl_ddp" / "cpu.yaml", overrides, log_format="json",
-                plugins=[probe])  # fmt: skip
-    for _ in hand:  # the hand loop's last step closes its metrics file
-        pass
-    print(f"load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    with distributed.distributed_run("cpu"):  # a group under torchrun, shared by both loops
+        rank, world = distributed.rank(), distributed.world_size()
+        base = Path(distributed.broadcast_from_rank0(tempfile.mkdtemp(prefix="slhub-interleaved-")))
+        hand = hand_loop(
+            base / "hand", args.updates, sampler_seed(SEED, rank),
+            validate_every=args.validate_every, save_every=args.save_every,
+        )  # fmt: skip
+        probe = Interleave(hand, args.block, args.updates)
+        if rank == 0:
+            print(f"{world} worker(s); load average before: {_load()}")
+        overrides = [
+            f"trainer.output_dir={base / 'slhub'}",
+            f"trainer.steps={args.updates}",
+            f"trainer.validate_every={args.validate_every}",
+            f"trainer.save_every={args.save_every}",
+        ]
+        slhub.train(ROOT / "examples" / "sl_ddp" / "cpu.yaml", overrides, log_format="json",
+                    plugins=[probe])  # fmt: skip
+    if rank != 0:
+        return 0
+    print(f"load average after: {_load()}")
     # slhub's block j (after the hand's block j) pairs with the hand's block j + 1; the
     # first block of each (startup, model build) is left out.
     pairs = list(zip(probe.times["slhub"][1:], probe.times["hand"][2:], strict=True))
