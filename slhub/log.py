@@ -21,6 +21,8 @@ from typing import Any
 import structlog
 import structlog.tracebacks
 
+from slhub.errors import SlhubError
+
 FORMATS = ("console", "json")
 
 #: Context every JSON event carries and the console prints only in ``start``.
@@ -107,6 +109,16 @@ def set_step(step: int | None) -> None:
 
 def get_logger() -> Any:
     return structlog.get_logger("slhub")
+
+
+def failure(event: str, exc: BaseException) -> None:
+    """Log an error where it happened. A plain exception (not a ``SlhubError``) is a bug,
+    in slhub or a plugin: its traceback goes with it, which the one line the command
+    ends with cannot show (console: Python's traceback; JSON: structured frames)."""
+    if isinstance(exc, SlhubError):
+        get_logger().error(event, error=str(exc))
+    else:
+        get_logger().error(event, error=f"{exc.__class__.__name__}: {exc}", exc_info=exc)
 
 
 def final_line(message: str, fmt: str, event: str = "error", level: str = "error") -> str:

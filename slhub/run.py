@@ -401,5 +401,5 @@ def _source_identity(plugins: registry.Plugins) -> dict[str, Any]:
 def _logged(exc: BaseException) -> BaseException:
     """Log a traceback for errors that are bugs rather than bad input."""
     if not isinstance(exc, SlhubError):
-        LOG.error("unexpected error", exc_info=exc)
+        log.failure("unexpected error", exc)
     return exc

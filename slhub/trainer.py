@@ -148,7 +148,7 @@ class Loop(TrainerBase):
         rng.seed_everything(rng.derived_seed(self.config.seed, self.rank, "process"))
         self._objective = _Objective(self.model, self)
         self._ddp: DistributedDataParallel | None = None
-        self._buckets_rebuilt = False
+        self._buckets_rebuilt = True  # nothing to rebuild until fit() wraps the model in DDP
         #: The per-update hooks, resolved at :meth:`fit` for the plugins registered then.
         self.calls: _Calls | None = None
 
@@ -215,6 +215,7 @@ class Loop(TrainerBase):
                     device_ids=[self.device.index] if self.device.type == "cuda" else None,
                     broadcast_buffers=False,
                 )
+                self._buckets_rebuilt = False
         self.calls = _Calls(self.plugins)  # the plugins registered now, for the whole run
         stopped_at = None
         status = "failed"
@@ -243,7 +244,7 @@ class Loop(TrainerBase):
         try:
             self.hook.on_fit_end(trainer=self, status=status)
         except Exception as exc:  # noqa: BLE001 - the run's outcome is already decided
-            _log_failure("on_fit_end failed", exc)
+            log.failure("on_fit_end failed", exc)
 
     def _update(self, step: int) -> bool:
         """One update under the protocol; True when the run was asked to stop after it."""
@@ -311,7 +312,7 @@ class Loop(TrainerBase):
                         self._backward(result, weight, None)
         except Exception as exc:  # noqa: BLE001 - every rank-local failure is agreed on
             if not isinstance(exc, SlhubError):
-                _log_failure(f"{phase} failed", exc)
+                log.failure(f"{phase} failed", exc)
             return None, 0.0, 0.0, (phase, exc)
         return last, weight_sum, loss_sum, None
 
@@ -366,8 +367,7 @@ class Loop(TrainerBase):
         """DDP rebuilds its gradient buckets with a broadcast inside the forward after its
         first backward. Doing it here, where every rank is known healthy, keeps a rank
         that fails before its next forward from leaving the others waiting."""
-        if self._ddp is None or self._buckets_rebuilt:
-            return
+        assert self._ddp is not None
         rebuild = getattr(self._ddp.reducer, "_rebuild_buckets", None)
         if rebuild is not None:
             rebuild()
@@ -399,7 +399,7 @@ class Loop(TrainerBase):
             if self.is_main:
                 self._log_line(metrics)
         except Exception as exc:  # noqa: BLE001 - held for the next agreement
-            _log_failure("commit failed", exc)
+            log.failure("commit failed", exc)
             self._held = ("commit", exc)
 
     def _exact_zero(self) -> torch.Tensor:
@@ -421,7 +421,7 @@ class Loop(TrainerBase):
             try:
                 self._validate(step)
             except Exception as exc:  # noqa: BLE001 - held for the next agreement
-                _log_failure("validation failed", exc)
+                log.failure("validation failed", exc)
                 failed_validation = exc
         if save_now and self._committed is not None:  # None: another rank failed to gather
             try:  # the committed update is saved even when its validation failed
@@ -533,16 +533,6 @@ class _Calls:
         }
         self.on_commit = direct_caller(pm, "on_commit") if "on_commit" in implemented else None
         self.on_log = direct_caller(pm, "on_log") if "on_log" in implemented else None
-
-
-def _log_failure(event: str, exc: BaseException) -> None:
-    """A rank-local failure, logged on its rank where it happened. A plain exception is a
-    bug in plugin code: its traceback goes with it, since the run ends with one line
-    (``rank R failed during PHASE: ...``) that cannot show where it was raised."""
-    if isinstance(exc, SlhubError):
-        LOG.error(event, error=str(exc))
-    else:
-        LOG.error(event, error=f"{exc.__class__.__name__}: {exc}", exc_info=exc)
 
 
 def _scalar(value: Any) -> Any:
