@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-from durable import durable_write, durable_write_linked  # noqa: E402 - benchmarks/durable.py
+from durable import durable_write  # noqa: E402 - benchmarks/durable.py
 
 import slhub  # noqa: E402
 from slhub import checkpoint, hookimpl  # noqa: E402
@@ -84,7 +84,7 @@ class Probe:
             buffer = io.BytesIO()
             torch.save(ckpt, buffer)
             data = buffer.getvalue()
-            durable_write_linked(data, self.bare_dir / "last.pt", self.bare_dir / f"step_{step}.pt")
+            durable_write(data, self.bare_dir / "last.pt", self.bare_dir / f"step_{step}.pt")
             os.fsync(metrics_fd)
 
         def framework() -> None:

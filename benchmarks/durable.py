@@ -1,8 +1,10 @@
-"""The durable writes the benchmarks' hand-written contestants use, written once for all of them.
+"""The durable write the benchmarks' hand-written contestants use, written once for all.
 
-- :func:`durable_write`: one file: temporary file, fsync, rename, directory fsync.
-- :func:`durable_write_linked`: what slhub does for a checkpoint and ``last.pt``: the
-  bytes written and fsynced once, the other names hard links, the directory fsynced once.
+``durable_write(data, *paths)``: the bytes go to a temporary file, fsynced once; every
+path but the last gets a hard link to it, renamed over the path; the temporary is
+renamed over the last path; the directory is fsynced once. With one path that is the
+plain temporary-fsync-rename write; with ``last.pt`` and ``step_N.pt`` it is what
+slhub does for a checkpoint.
 """
 
 from __future__ import annotations
@@ -11,21 +13,7 @@ import os
 from pathlib import Path
 
 
-def durable_write(data: bytes, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def durable_write_linked(data: bytes, *paths: Path) -> None:
+def durable_write(data: bytes, *paths: Path) -> None:
     tmp = paths[-1].with_name(f".{paths[-1].name}.tmp-{os.getpid()}")
     with open(tmp, "wb") as handle:
         handle.write(data)

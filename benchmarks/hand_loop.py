@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from durable import durable_write_linked  # benchmarks/durable.py
+from durable import durable_write  # benchmarks/durable.py
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -141,5 +141,5 @@ def _checkpoint(out, step, model, optimizer, generator, metrics, device, world) 
     buffer = io.BytesIO()
     torch.save(ckpt, buffer)
     data = buffer.getvalue()
-    durable_write_linked(data, out / "last.pt", out / f"step_{step}.pt")
+    durable_write(data, out / "last.pt", out / f"step_{step}.pt")
     os.fsync(metrics.fileno())
