@@ -2,7 +2,8 @@
 
 One worker per device: NCCL on ``cuda:LOCAL_RANK`` when CUDA is chosen, Gloo on
 CPU. Without torchrun's environment everything runs in one process with no
-process group, and the collectives below degrade to local arithmetic.
+process group; there, and in a group of one, the collectives below are local
+arithmetic.
 """
 
 from __future__ import annotations
@@ -67,6 +68,12 @@ def rank() -> int:
 
 def world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def alone() -> bool:
+    """True without a process group or in a group of one (``--nproc-per-node=1``): the
+    collectives below are then local arithmetic, with no device transfer or sync."""
+    return not dist.is_initialized() or dist.get_world_size() == 1
 
 
 #: Devices of the ``distributed_run`` scopes this process is inside, innermost last.
@@ -151,32 +158,28 @@ def agree(
     (benchmarks/gloo_allreduce_sizes.py).
     """
     failed = failure_phase is not None
-    if not dist.is_initialized():  # one process: the same sums, without a tensor
+    if alone():  # one rank: the same sums, without a tensor or a collective
         if failed:
             return Agreement(math.nan, math.nan, ((0, failure_phase),))
         return Agreement(float(weight), float(weighted_loss), (), stop=stop)
     buf = torch.tensor(
         [math.nan if failed else weight, 0.0 if failed else (math.inf if stop else weighted_loss)],
         dtype=torch.float64,
-    )
-    if dist.is_initialized():
-        buf = buf.to(device)
-        dist.all_reduce(buf)
+    ).to(device)
+    dist.all_reduce(buf)
     total_weight, weighted_loss_sum = buf.tolist()
     if not math.isnan(total_weight):
         if weighted_loss_sum != math.inf:
             return Agreement(total_weight, weighted_loss_sum, ())
         true_loss = torch.tensor([0.0 if failed else weighted_loss], dtype=torch.float64)
-        if dist.is_initialized():
-            true_loss = true_loss.to(device)
-            dist.all_reduce(true_loss)
+        true_loss = true_loss.to(device)
+        dist.all_reduce(true_loss)
         return Agreement(total_weight, true_loss.item(), (), stop=True)
     codes = torch.zeros(world_size(), dtype=torch.float64)
     if failed:
         codes[rank()] = PHASES.index(failure_phase) + 1
-    if dist.is_initialized():
-        codes = codes.to(device)
-        dist.all_reduce(codes)
+    codes = codes.to(device)
+    dist.all_reduce(codes)
     failures = tuple(
         (r, PHASES[int(code) - 1]) for r, code in enumerate(codes.tolist()) if int(code) > 0
     )
@@ -212,7 +215,7 @@ def gather_to_rank0(obj: Any) -> list[Any] | None:
 
     Only rank 0 holds world-size copies; other ranks hold their own only.
     """
-    if not dist.is_initialized():
+    if alone():
         return [obj]
     out: list[Any] | None = [None] * world_size() if rank() == 0 else None
     dist.gather_object(obj, out, dst=0)
@@ -221,7 +224,7 @@ def gather_to_rank0(obj: Any) -> list[Any] | None:
 
 def broadcast_from_rank0(obj: Any) -> Any:
     """Rank 0's object on every rank."""
-    if not dist.is_initialized():
+    if alone():
         return obj
     box = [obj]
     dist.broadcast_object_list(box, src=0)

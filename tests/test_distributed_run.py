@@ -1,12 +1,15 @@
-"""``slhub.distributed_run``: creates a group only under torchrun, destroys only its own."""
+"""``slhub.distributed_run``: creates a group only under torchrun, destroys only its own;
+a group of one trains as no group does, without a collective."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from conftest import free_port, torchrun_env
-from slhub import distributed_run
+from conftest import SL_DDP, assert_tree_equal, free_port, load, metrics_of, torchrun_env
+from slhub import distributed_run, train
 
 
 def _torchrun_env(monkeypatch) -> None:
@@ -39,3 +42,30 @@ def test_pre_existing_group_stays_the_callers(monkeypatch):
         assert dist.is_initialized()
     finally:
         dist.destroy_process_group()
+
+
+def test_a_group_of_one_trains_as_no_group_does_without_a_collective(monkeypatch, tmp_path: Path):
+    """``--nproc-per-node=1`` (one GPU under torchrun): the agreement, the checkpoint
+    gather and the run-id broadcast are local, so an update pays no device transfer or
+    sync for them; every metric and weight equals the run without a group."""
+    settings = ["trainer.steps=6", "trainer.validate_every=2", "trainer.save_every=3"]
+    alone = train(
+        SL_DDP, [*settings, f"trainer.output_dir={tmp_path / 'alone'}"], log_format="json"
+    )
+    _torchrun_env(monkeypatch)
+    calls: list[str] = []
+    for name in ("all_reduce", "gather_object", "broadcast_object_list", "all_gather_object"):
+        real = getattr(dist, name)
+        monkeypatch.setattr(
+            dist, name, lambda *a, _n=name, _f=real, **k: (calls.append(_n), _f(*a, **k))[1]
+        )
+    with distributed_run("cpu"):
+        assert dist.get_world_size() == 1
+        grouped = train(
+            SL_DDP, [*settings, f"trainer.output_dir={tmp_path / 'group'}"], log_format="json"
+        )
+    assert calls == []
+    assert metrics_of(alone) == metrics_of(grouped)
+    a, b = load(alone / "last.pt"), load(grouped / "last.pt")
+    for key in ("model", "optimizer", "ranks"):
+        assert_tree_equal(a[key], b[key], key)
