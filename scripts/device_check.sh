@@ -15,7 +15,10 @@
 # Checks, each under its own time limit (about 8 minutes in all):
 #   gpu_overhead      benchmarks/gpu_overhead.py: the GPU rows of issue 11 (both sizes)
 #                     and the synchronizing CUDA calls per update, by call site
-#   nccl_train        torchrun with NCCL (world size 1 on one GPU), the sl_ddp CUDA recipe
+#   nccl_train        torchrun with NCCL (world size 1 on one GPU), the sl_ddp CUDA recipe:
+#                     the group forms on the GPU; a group of one runs no collective
+#                     (its agreement and gathers are local), so NCCL's collectives
+#                     need 2+ GPUs
 #   resume_exact      stopped at update 6 and resumed on the GPU: bit-identical to the
 #                     uninterrupted run (model, optimizer, every rank's state, CUDA RNG)
 #   fp16_mixed        the same with trainer.precision=fp16-mixed (autocast, GradScaler)
