@@ -27,9 +27,11 @@ import errno
 import hashlib
 import io
 import json
+import math
 import os
 import pickle
 import re
+import stat
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -302,14 +304,23 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
 
 def read_checkpoint_bytes(path: str | Path) -> bytes:
     """The bytes of a checkpoint file, or a one-line :class:`CheckpointError` when there is
-    no such file or it cannot be read."""
+    no such file, it is not a regular file (a FIFO would block the read forever) or it
+    cannot be read."""
     path = Path(path)
-    if path.is_dir():
+    try:
+        mode = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        raise CheckpointError(f"{path}: no such checkpoint file") from None
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read checkpoint ({exc.strerror or exc})") from None
+    except ValueError:  # a NUL byte in the path
+        raise CheckpointError(f"{str(path)!r}: not a valid path (it holds a NUL byte)") from None
+    if stat.S_ISDIR(mode):
         raise CheckpointError(
             f"{path}: is a directory, not a checkpoint file; name one, e.g. {path / 'last.pt'}"
         )
-    if not path.is_file():
-        raise CheckpointError(f"{path}: no such checkpoint file")
+    if not stat.S_ISREG(mode):
+        raise CheckpointError(f"{path}: not a regular file (a pipe, socket or device)")
     try:
         return path.read_bytes()
     except OSError as exc:
@@ -324,6 +335,12 @@ def checkpoint_from_bytes(data: bytes, path: str | Path) -> dict[str, Any]:
         raise CheckpointError(
             f"{path}: damaged or not a checkpoint (not a complete torch.save archive)"
         )
+    damaged = _damaged_record(buffer)
+    if damaged is not None:
+        raise CheckpointError(
+            f"{path}: damaged checkpoint ({damaged} fails its CRC-32 check: the bytes changed "
+            "after they were written)"
+        )
     buffer.seek(0)
     try:
         loaded = torch.load(buffer, map_location="cpu", weights_only=True)
@@ -333,6 +350,22 @@ def checkpoint_from_bytes(data: bytes, path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: damaged or not a checkpoint ({_reason(exc)})") from None
     check_layout(loaded, path)
     return loaded
+
+
+def _damaged_record(buffer: io.BytesIO) -> str | None:
+    """The first archive record whose CRC-32 does not match its bytes, if any.
+
+    torch.load does not check the CRCs that torch.save records, so a flipped bit in a
+    tensor's bytes would load as a silently different weight; zipfile checks them (at
+    about a second per GB, once per load).
+    """
+    try:
+        with zipfile.ZipFile(buffer) as archive:
+            return archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, RuntimeError) as exc:
+        return f"its archive ({_reason(exc)})"
+    finally:
+        buffer.seek(0)
 
 
 def _reason(exc: BaseException) -> str:
@@ -389,6 +422,9 @@ def _type_problem(data: dict[str, Any], version: int) -> str | None:
         return "model is not a state dict of named tensors"
     if not isinstance(data["optimizer"], dict):
         return "optimizer is not a state dict"
+    problem = _optimizer_problem(data["optimizer"])
+    if problem:
+        return problem
     if version == 1:
         return None if isinstance(data["rng"], dict) else "rng is not a dict"
     run, ranks = data["run"], data["ranks"]
@@ -400,7 +436,111 @@ def _type_problem(data: dict[str, Any], version: int) -> str | None:
         return f"ranks has {len(ranks)} entries for world size {run['world_size']}"
     if data["scheduler"] is not None and not isinstance(data["scheduler"], dict):
         return "scheduler is neither None nor a state dict"
+    if _deeper_than(run, MAX_DEPTH):
+        return f"run identity is nested more than {MAX_DEPTH} levels deep"
     return None
+
+
+#: Nesting a run identity (its recipe) never needs; deeper is damage or mischief, which
+#: would otherwise fail with a RecursionError when the recipe is compared or printed.
+MAX_DEPTH = 64
+#: Hyperparameters of torch's optimizers that are numbers in every parameter group.
+_NUMERIC_GROUP_KEYS = ("lr", "weight_decay", "eps", "momentum", "dampening")
+#: Optimizer state that torch's optimizers keep shaped like its parameter (and of its dtype).
+PARAM_SHAPED_STATE = frozenset(
+    {"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "exp_inf", "square_avg",
+     "grad_avg", "sum", "acc_delta", "ax", "prev"}
+)  # fmt: skip
+
+
+def _is_number(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.numel() == 1 and value.is_floating_point()
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _optimizer_problem(optimizer: dict[str, Any]) -> str | None:
+    """What in an optimizer state dict ``torch.optim`` would choke on with an unclear
+    message (or accept and train wrongly with): checked before it is loaded."""
+    groups, state = optimizer.get("param_groups", []), optimizer.get("state", {})
+    if not isinstance(groups, list) or not isinstance(state, dict):
+        return "optimizer state dict has no list of param_groups and dict of state"
+    for index, group in enumerate(groups):
+        if not isinstance(group, dict) or not isinstance(group.get("params"), list):
+            return f"optimizer param group {index} has no list of params"
+        for key in _NUMERIC_GROUP_KEYS:
+            if key in group and not _is_number(group[key]):
+                return f"optimizer param group {index}: {key} is {group[key]!r}, expected a number"
+        if "lr" in group and not math.isfinite(float(group["lr"])):
+            return f"optimizer param group {index}: lr is {float(group['lr'])}"
+    for index, entries in state.items():
+        if not isinstance(entries, dict):
+            return f"optimizer state of parameter {index} is not a dict"
+        for key, value in entries.items():
+            if not (isinstance(value, torch.Tensor) or _is_number(value) or value is None):
+                return (
+                    f"optimizer state {key!r} of parameter {index} is a "
+                    f"{type(value).__name__}, expected a tensor or a number"
+                )
+    return None
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether nested dicts, lists and tuples in ``value`` go deeper than ``limit``
+    (iterative: it must not itself recurse too deeply)."""
+    pending = [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, (list, tuple)):
+            children = item
+        else:
+            continue
+        if depth >= limit:
+            return True
+        pending.extend((child, depth + 1) for child in children)
+    return False
+
+
+def check_fits(checkpoint: dict[str, Any], model: torch.nn.Module, optimizer: Any) -> None:
+    """Refuse, in one line, a checkpoint whose tensors torch would silently cast into the
+    model and optimizer (a float64 weight into a float32 model) or that the optimizer
+    would only trip over at the first update (a moment of another shape): an exact
+    resume needs the same shapes and dtypes. Shape and key mismatches of the model
+    itself are reported by ``load_state_dict``."""
+    own = model.state_dict()
+    for key, value in checkpoint["model"].items():
+        if key in own and value.dtype != own[key].dtype:
+            raise CheckpointError(
+                f"checkpoint's model tensor {key} is {_dtype(value)}, this recipe's model "
+                f"has {_dtype(own[key])}: an exact resume needs the same dtype"
+            )
+    saved = checkpoint["optimizer"]
+    names = {id(p): name for name, p in model.named_parameters()}
+    params = {
+        saved_id: param
+        for saved_group, group in zip(saved.get("param_groups", []), optimizer.param_groups)
+        for saved_id, param in zip(saved_group["params"], group["params"])
+    }
+    for saved_id, entries in saved.get("state", {}).items():
+        param = params.get(saved_id)
+        if param is None:
+            continue
+        for key in PARAM_SHAPED_STATE.intersection(entries):
+            value = entries[key]
+            if isinstance(value, torch.Tensor) and (
+                value.shape != param.shape or value.dtype != param.dtype
+            ):
+                raise CheckpointError(
+                    f"checkpoint's optimizer state {key} of parameter "
+                    f"{names.get(id(param), saved_id)} is {_dtype(value)} "
+                    f"{list(value.shape)}, the parameter is {_dtype(param)} {list(param.shape)}"
+                )
+
+
+def _dtype(tensor: torch.Tensor) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
 
 
 def version_of(checkpoint: dict[str, Any]) -> int:
@@ -581,7 +721,7 @@ def _last_metrics(path: Path, step: int) -> list[str]:
         line = next((r for r in reversed(records) if any(k.startswith(prefix) for k in r)), None)
         if line is not None:
             values = " ".join(
-                f"{k.removeprefix(prefix)}={_short(v)}"
+                f"{k.removeprefix(prefix)}={_metric_value(v)}"
                 for k, v in line.items()
                 if k.startswith(prefix) and v is not None
             )
@@ -589,7 +729,7 @@ def _last_metrics(path: Path, step: int) -> list[str]:
     return out
 
 
-def _short(value: Any) -> str:
+def _metric_value(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
@@ -608,8 +748,12 @@ def _section(recipe: dict[str, Any], name: str) -> str:
 
 def _lr(optimizer: dict[str, Any]) -> str:
     groups = optimizer.get("param_groups")
-    if isinstance(groups, list) and groups and isinstance(groups[0], dict) and "lr" in groups[0]:
-        return f"; lr for the next update {groups[0]['lr']:.4g}"
+    if isinstance(groups, list) and groups and isinstance(groups[0], dict):
+        lr = groups[0].get("lr")
+        if isinstance(lr, torch.Tensor) and lr.numel() == 1:
+            lr = lr.item()
+        if isinstance(lr, (int, float)) and not isinstance(lr, bool):
+            return f"; lr for the next update {lr:.4g}"
     return ""
 
 

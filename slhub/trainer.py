@@ -172,6 +172,7 @@ class Loop(TrainerBase):
 
     def load(self, ckpt: dict[str, Any]) -> None:
         """Load model, optimizer and this rank's state from a checkpoint (every rank)."""
+        checkpoint.check_fits(ckpt, self.model, self.optimizer)
         try:
             self.model.load_state_dict(ckpt["model"])
             self.optimizer.load_state_dict(ckpt["optimizer"])

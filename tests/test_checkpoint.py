@@ -314,3 +314,101 @@ def test_a_link_failure_other_than_no_hard_links_fails_the_write(tmp_path: Path,
         checkpoint.atomic_write_bytes(b"new", tmp_path / "last.pt", tmp_path / "step_4.pt")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "step_2.pt"]
     assert (tmp_path / "last.pt").read_bytes() == b"old"
+
+
+def _resume_error(capsys, checkpoint_path: Path, out: Path) -> str:
+    """The one line ``slhub train --resume`` ends with; nothing was written for the run."""
+    settings = [arg for item in [*SHORT[1:], "trainer.steps=6"] for arg in ("--set", item)]
+    line = cli_error(
+        capsys, "train", "--config", str(SL_DDP), *settings, "--set", f"trainer.output_dir={out}",
+        "--resume", str(checkpoint_path),
+    )  # fmt: skip
+    assert not out.exists()
+    return line
+
+
+def test_a_flipped_byte_in_a_tensor_fails_its_crc_check(capsys, run_dir: Path, tmp_path: Path):
+    """torch.load does not check the CRC-32 that torch.save records: without slhub's check
+    the damaged file loads, with one weight silently changed."""
+    data = bytearray((run_dir / "last.pt").read_bytes())
+    weight = load(run_dir / "last.pt")["model"]["0.weight"]
+    at = bytes(data).find(weight.numpy().tobytes())
+    assert at > 0 and bytes(data).count(weight.numpy().tobytes()) == 1
+    data[at + 17] ^= 0x40
+    flipped = tmp_path / "flipped.pt"
+    flipped.write_bytes(bytes(data))
+    silently = torch.load(flipped, weights_only=True)["model"]["0.weight"]
+    assert not torch.equal(silently, weight)  # what the check prevents
+    with pytest.raises(CheckpointError, match=r"/data/\d+ fails its CRC-32 check"):
+        checkpoint.load_checkpoint(flipped)
+    assert "damaged checkpoint" in cli_error(capsys, "inspect", str(flipped))
+    assert "fails its CRC-32 check" in _resume_error(capsys, flipped, tmp_path / "resumed")
+
+
+def _mutated(run_dir: Path, tmp_path: Path, change) -> Path:
+    ckpt = load(run_dir / "last.pt")
+    change(ckpt)
+    path = tmp_path / "mutated.pt"
+    torch.save(ckpt, path)
+    return path
+
+
+def _set_lr(ckpt):
+    ckpt["optimizer"]["param_groups"][0]["lr"] = "fast"
+
+
+def _set_step(ckpt):
+    ckpt["optimizer"]["state"][0]["step"] = "x"
+
+
+def _shrink_moment(ckpt):
+    ckpt["optimizer"]["state"][0]["exp_avg"] = torch.zeros(3)
+
+
+def _widen_moment(ckpt):
+    state = ckpt["optimizer"]["state"][0]
+    state["exp_avg_sq"] = state["exp_avg_sq"].double()
+
+
+def _widen_weight(ckpt):
+    ckpt["model"]["0.weight"] = ckpt["model"]["0.weight"].double()
+
+
+def _nest_recipe(ckpt):
+    deep: list = []
+    for _ in range(200):
+        deep = [deep]
+    ckpt["run"]["recipe"]["model"]["hidden"] = deep
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (_set_lr, "optimizer param group 0: lr is 'fast', expected a number"),
+        (_set_step, "optimizer state 'step' of parameter 0 is a str, expected a tensor"),
+        (_shrink_moment, "optimizer state exp_avg of parameter 0.weight is float32 [3], "
+                         "the parameter is float32 [32, 4]"),
+        (_widen_moment, "exp_avg_sq of parameter 0.weight is float64 [32, 4]"),
+        (_widen_weight, "model tensor 0.weight is float64, this recipe's model has float32"),
+        (_nest_recipe, "run identity is nested more than 64 levels deep"),
+    ],
+    ids=["lr-not-a-number", "step-not-a-number", "moment-shape", "moment-dtype",
+         "weight-dtype", "deep-recipe"],
+)  # fmt: skip
+def test_state_torch_would_cast_or_trip_over_later_is_refused_at_resume(
+    capsys, run_dir: Path, tmp_path: Path, change, expected: str
+):
+    """Each loaded before (a cast, or a traceback at the first update, or a RecursionError);
+    now one line before anything is written."""
+    line = _resume_error(capsys, _mutated(run_dir, tmp_path, change), tmp_path / "resumed")
+    assert expected in line, line
+
+
+def test_a_path_that_is_no_regular_file_is_refused_with_one_line(capsys, tmp_path: Path):
+    fifo = tmp_path / "fifo.pt"
+    os.mkfifo(fifo)  # reading it would block forever
+    assert "fifo.pt: not a regular file" in cli_error(capsys, "inspect", str(fifo))
+    long = tmp_path / ("a" * 300 + ".pt")
+    assert "cannot read checkpoint (File name too long)" in cli_error(capsys, "inspect", str(long))
+    assert "NUL byte" in cli_error(capsys, "inspect", str(tmp_path / "a\0b.pt"))
+    assert "fifo.pt: not a regular file" in _resume_error(capsys, fifo, tmp_path / "resumed")
