@@ -163,9 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _train(args: argparse.Namespace) -> None:
+    from slhub.preemption import own_process
     from slhub.run import train
 
     if args.whole_process:
+        own_process()  # after a stop signal, repeats must not cut the exit (75) short
         # torch's imports leave ~1e5 long-lived objects that every full collection, and
         # the one at interpreter exit, traverses: that exit pass alone took ~0.6 s of each
         # worker's life. Frozen, the collector skips them; they live as long as the

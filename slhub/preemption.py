@@ -9,7 +9,9 @@ and every rank exits with :data:`EXIT_PREEMPTED`. A second signal, at least
 :data:`REPEAT_AFTER_S` seconds after the first, exits at once with
 ``128 + signal`` (no checkpoint). Closer repeats are the same request delivered
 twice (torchrun forwarding a signal the worker also received, the parent-death
-signal) and are ignored, as is any signal once the stop is checkpointed.
+signal) and are ignored, as is any signal once the stop is checkpointed. Under
+the command line, which owns its process (:func:`own_process`), they stay ignored
+until the process exits.
 """
 
 from __future__ import annotations
@@ -29,6 +31,23 @@ EXIT_PREEMPTED = 75
 #: A repeat of a stop signal sooner than this is taken as the same request delivered twice.
 REPEAT_AFTER_S = 3.0
 
+_owns_process = False
+
+
+def own_process() -> None:
+    """Declare that slhub owns this process (``slhub train``), called before training.
+
+    Then a run that received a stop signal leaves the stop signals ignored
+    (``SIG_IGN``) instead of restoring the previous handlers: the process only has
+    its orderly exit left (status 75), and a repeat (torchrun's teardown SIGTERM)
+    must not kill it, not even during interpreter shutdown, which resets Python-level
+    handlers but keeps ``SIG_IGN``. The Python API does not call this: a notebook or
+    script calling ``slhub.train`` gets its own handlers back (a later Ctrl-C works).
+    A process-wide flag rather than an argument, since it describes the process.
+    """
+    global _owns_process
+    _owns_process = True
+
 
 class Preempted(SlhubError):
     """Raised on every rank after the checkpoint of a preempted run is written."""
@@ -43,7 +62,9 @@ class Preempted(SlhubError):
 class StopSignals:
     """Installs stop handlers for the life of a run (main thread only) and remembers the first.
 
-    Use as a context manager; the previous handlers come back on exit.
+    Use as a context manager; the previous handlers come back on exit, unless a
+    stop was received in a process slhub owns (:func:`own_process`): then the
+    signals stay ignored until the process exits.
     """
 
     def __init__(self, names: list[str] | tuple[str, ...]) -> None:
@@ -85,8 +106,9 @@ class StopSignals:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        keep_out = _owns_process and self.received is not None
         for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
+            signal.signal(signum, signal.SIG_IGN if keep_out else previous)
         self._previous.clear()
 
 

@@ -174,6 +174,48 @@ def test_second_signal_exits_at_once_and_a_repeat_is_one_request(tmp_path: Path)
     assert "second SIGTERM: exiting now" in err
 
 
+def test_repeated_sigterm_after_the_stop_still_exits_preempted(tmp_path: Path):
+    """SIGTERM, then SIGTERM every 20 ms until the process is gone (torchrun forwarding
+    and then tearing the workers down): the orderly exit is never cut short (75)."""
+    out = tmp_path / "run"
+    recipe = _recipe(tmp_path, out)
+    procs = _start(recipe, "--resume", "auto")
+    _wait_for_update(out, 3, procs)
+    first = time.monotonic()
+    # within the repeat window, so that no repeat counts as a second request (which exits
+    # at once by design); the stop and its exit take well under a second here
+    while procs[0].poll() is None and time.monotonic() - first < REPEAT_AFTER_S * 0.7:
+        procs[0].send_signal(signal.SIGTERM)
+        time.sleep(0.02)
+    (rc, err), = _finish(procs)  # fmt: skip
+    assert rc == EXIT_PREEMPTED, err[-2000:]
+    step = load(out / "last.pt")["step"]
+    assert load(out / f"step_{step}.pt")["step"] == step
+    (rc, err), = _finish(_start(recipe, "--resume", "auto", env={"SLHUB_SLOW_S": "0"}))  # fmt: skip
+    assert rc == 0, err[-2000:]
+    assert load(out / "last.pt")["step"] == STEPS
+
+
+@pytest.mark.parametrize("owned", [False, True])
+def test_stop_signals_after_a_stop_restore_or_stay_ignored(monkeypatch, owned: bool):
+    """The Python API gets its handler back; the CLI (owns the process) keeps ignoring."""
+    from slhub import preemption
+
+    monkeypatch.setattr(preemption, "_owns_process", owned)
+
+    def mine(signum, frame):
+        pass
+
+    previous = signal.signal(signal.SIGUSR2, mine)
+    try:
+        with preemption.StopSignals(["SIGUSR2"]) as stop:
+            os.kill(os.getpid(), signal.SIGUSR2)
+            assert stop.received == signal.SIGUSR2
+        assert signal.getsignal(signal.SIGUSR2) is (signal.SIG_IGN if owned else mine)
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+
+
 @pytest.mark.slow  # fault matrix / cross-process check: `python -m pytest -m slow`
 def test_sigterm_to_the_torchrun_agent_checkpoints_every_worker(tmp_path: Path, reference):
     out = tmp_path / "run"
