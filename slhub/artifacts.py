@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from slhub.errors import ArtifactError
+from slhub.paths import path_errors
 
 RUN_FORMAT = "slhub.run/1"
 RUN_FILE = "run.json"
@@ -96,17 +97,21 @@ class RunLock:
 
 
 def lock(folder: Path) -> RunLock:
-    """Create ``folder`` if needed and lock it for this process, or raise naming the holder."""
-    if folder.exists() and not folder.is_dir():
-        raise ArtifactError(f"{folder}: trainer.output_dir exists and is not a directory")
-    try:
+    """Create ``folder`` if needed and lock it for this process, or raise naming the holder.
+
+    Even ``exists()`` raises for a name the OS refuses (too long, a symlink loop, a NUL
+    byte): every such failure is the one-line ArtifactError, not a traceback.
+    """
+    with path_errors(
+        folder,
+        ArtifactError,
+        "cannot use trainer.output_dir",
+        "choose a directory this user can create and write",
+    ):
+        if folder.exists() and not folder.is_dir():
+            raise ArtifactError(f"{folder}: trainer.output_dir exists and is not a directory")
         folder.mkdir(parents=True, exist_ok=True)
         handle = open(folder / LOCK_FILE, "a+", encoding="utf-8")  # noqa: SIM115 - held
-    except OSError as exc:
-        raise ArtifactError(
-            f"{folder}: cannot use trainer.output_dir ({exc.strerror or exc}); "
-            "choose a directory this user can create and write"
-        ) from None
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

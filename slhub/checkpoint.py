@@ -42,7 +42,7 @@ import torch
 from slhub import distributed
 from slhub.artifacts import METRICS_FILE, read_metrics
 from slhub.errors import CheckpointError, SlhubError
-from slhub.recipe import RESUMABLE_KEYS, recipe_differences
+from slhub.recipe import MAX_DEPTH, RESUMABLE_KEYS, recipe_differences, too_deep
 
 FORMAT_V2 = "slhub.checkpoint/2"
 V1_KEYS = frozenset({"step", "model", "optimizer", "rng"})
@@ -436,14 +436,11 @@ def _type_problem(data: dict[str, Any], version: int) -> str | None:
         return f"ranks has {len(ranks)} entries for world size {run['world_size']}"
     if data["scheduler"] is not None and not isinstance(data["scheduler"], dict):
         return "scheduler is neither None nor a state dict"
-    if _deeper_than(run, MAX_DEPTH):
+    if too_deep(run, MAX_DEPTH + 1) is not None:  # + 1: the recipe sits inside the identity
         return f"run identity is nested more than {MAX_DEPTH} levels deep"
     return None
 
 
-#: Nesting a run identity (its recipe) never needs; deeper is damage or mischief, which
-#: would otherwise fail with a RecursionError when the recipe is compared or printed.
-MAX_DEPTH = 64
 #: Hyperparameters of torch's optimizers that are numbers in every parameter group.
 _NUMERIC_GROUP_KEYS = ("lr", "weight_decay", "eps", "momentum", "dampening")
 #: Optimizer state that torch's optimizers keep shaped like its parameter (and of its dtype).
@@ -483,24 +480,6 @@ def _optimizer_problem(optimizer: dict[str, Any]) -> str | None:
                     f"{type(value).__name__}, expected a tensor or a number"
                 )
     return None
-
-
-def _deeper_than(value: Any, limit: int) -> bool:
-    """Whether nested dicts, lists and tuples in ``value`` go deeper than ``limit``
-    (iterative: it must not itself recurse too deeply)."""
-    pending = [(value, 0)]
-    while pending:
-        item, depth = pending.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, (list, tuple)):
-            children = item
-        else:
-            continue
-        if depth >= limit:
-            return True
-        pending.extend((child, depth + 1) for child in children)
-    return False
 
 
 def check_fits(checkpoint: dict[str, Any], model: torch.nn.Module, optimizer: Any) -> None:

@@ -225,11 +225,31 @@ COMMANDS = {
     "plot": _plot,
 }
 
+#: Each command's path arguments: (attribute, the name a message gives it).
+PATH_ARGUMENTS: dict[str, tuple[tuple[str, str], ...]] = {
+    "train": (("config", "--config"), ("resume", "--resume")),
+    "inspect": (("checkpoint", "CKPT"),),
+    "export": (("checkpoint", "--checkpoint"), ("out", "--out")),
+    "plot": (("run_dir", "RUN_DIR"), ("out", "--out")),
+}
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    """Refuse an empty path or a NUL byte before any work, naming the argument:
+    ``Path("")`` quietly means the current directory (``--out ""`` would use it)."""
+    from slhub.paths import user_path
+
+    for attribute, name in PATH_ARGUMENTS.get(args.command, ()):
+        value = getattr(args, attribute, None)
+        if value is not None:
+            user_path(value, name)
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.whole_process = argv is None  # the console script or python -m slhub
     try:
+        _check_paths(args)
         COMMANDS[args.command](args)
     except SlhubError as exc:
         from slhub.log import final_line

@@ -19,6 +19,7 @@ from typing import Any
 
 from slhub.artifacts import METRICS_FILE, RESUME_EVENT, read_metrics
 from slhub.errors import SlhubError
+from slhub.paths import path_errors, user_path
 
 METADATA_KEY = "slhub-series"
 DEFAULT_NAME = "metrics.png"
@@ -37,11 +38,13 @@ def collect(run_dir: Path) -> tuple[dict[str, tuple[list[int], list[float]]], li
     """The series to plot (train/loss, every validation/*, train/lr) and the resume
     updates, from the run directory's effective metrics history."""
     path = run_dir / METRICS_FILE
-    if not path.is_file():
-        raise SlhubError(f"{run_dir} holds no {METRICS_FILE}: not a run directory")
+    with path_errors(run_dir, SlhubError, "cannot read the run directory"):
+        if not path.is_file():
+            raise SlhubError(f"{run_dir} holds no {METRICS_FILE}: not a run directory")
+        records = read_metrics(path, markers=True)
     series: dict[str, tuple[list[int], list[float]]] = {}
     resumed_at: list[int] = []
-    for record in read_metrics(path, markers=True):
+    for record in records:
         step = record.get("step")
         if record.get("event") == RESUME_EVENT:
             resumed_at.append(int(step))
@@ -58,8 +61,21 @@ def collect(run_dir: Path) -> tuple[dict[str, tuple[list[int], list[float]]], li
 
 
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Plotted:
-    """Draw the run's metrics into ``out`` (default ``RUN_DIR/metrics.png``)."""
-    run_dir = Path(run_dir)
+    """Draw the run's metrics into ``out`` (default ``RUN_DIR/metrics.png``), exactly there.
+
+    The format follows ``out``'s suffix, PNG without one (matplotlib would append
+    ``.png`` to the name, and the path reported would not be the file written);
+    an existing directory as ``out`` is refused.
+    """
+    run_dir = user_path(run_dir, "run directory")
+    target = run_dir / DEFAULT_NAME if out is None else user_path(out, "--out")
+    if out is not None:
+        with path_errors(target, SlhubError, "cannot write the plot"):
+            if target.is_dir():
+                raise SlhubError(
+                    f"{target}: is a directory; --out names the image file to write, "
+                    f"e.g. {target / DEFAULT_NAME}"
+                )
     try:
         from matplotlib.figure import Figure
     except ImportError:
@@ -73,7 +89,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Plotted:
 
     figure = Figure(figsize=(7, 2.2 * len(panels)), layout="constrained")
     axes = figure.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
-    drawn = Plotted(path=Path(out) if out is not None else run_dir / DEFAULT_NAME)
+    drawn = Plotted(path=target)
     for ax, (title, keys, log_scale) in zip(axes, panels):
         for key in keys:
             steps, values = series[key]
@@ -92,15 +108,14 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Plotted:
     if resumed_at:
         axes[0].set_title(f"resumed at update {', '.join(map(str, resumed_at))} (dashed)")
     axes[-1].set_xlabel("update")
-    drawn.path.parent.mkdir(parents=True, exist_ok=True)
     metadata = {METADATA_KEY: json.dumps({"series": drawn.series, "resumed_at": resumed_at})}
-    try:
-        figure.savefig(drawn.path, dpi=100, metadata=_png_only(drawn.path, metadata))
-    except (OSError, ValueError) as exc:
-        raise SlhubError(f"cannot write {drawn.path}: {exc}") from None
+    fmt = drawn.path.suffix[1:].lower() or "png"
+    with path_errors(drawn.path, SlhubError, "cannot write the plot"):
+        drawn.path.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(drawn.path, dpi=100, format=fmt, metadata=_png_only(fmt, metadata))
     return drawn
 
 
-def _png_only(path: Path, metadata: dict[str, Any]) -> dict[str, Any] | None:
+def _png_only(fmt: str, metadata: dict[str, Any]) -> dict[str, Any] | None:
     """Text metadata is a PNG feature; other formats get none."""
-    return metadata if path.suffix.lower() == ".png" else None
+    return metadata if fmt == "png" else None

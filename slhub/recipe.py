@@ -18,14 +18,17 @@ import inspect
 import json
 import os
 import re
+import stat
 import types
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
 
 from slhub.errors import RecipeError
+from slhub.paths import reason, user_path
 
 #: Trainer keys that may differ between a checkpoint's recipe and a resumed run's.
 RESUMABLE_KEYS: frozenset[str] = frozenset(
@@ -36,6 +39,12 @@ RESUMABLE_KEYS: frozenset[str] = frozenset(
 #: Bounds that keep a value inside what torch and numpy accept, so a typo fails here.
 MAX_COUNT = 2**31 - 1
 MAX_SEED = 2**63 - 1
+
+#: A recipe file is read whole; anything larger is not a recipe (``/dev/zero``, a dump).
+MAX_RECIPE_BYTES = 16 * 2**20
+#: Levels of nesting a recipe may hold; deeper values would overflow the recursive code
+#: that validates, copies and digests recipes (a real recipe nests a handful).
+MAX_DEPTH = 100
 
 
 class TrainerConfig(BaseModel):
@@ -69,6 +78,14 @@ class TrainerConfig(BaseModel):
     def _path_as_text(cls, value: Any) -> Any:
         """A ``pathlib.Path`` from Python is as good as the text a YAML file holds."""
         return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+    @field_validator("output_dir")
+    @classmethod
+    def _nameable(cls, value: str) -> str:
+        """No OS call takes a NUL byte; refused here, not as a ValueError mid-run."""
+        if "\0" in value:
+            raise PydanticCustomError("path_nul", "must not contain a NUL byte")
+        return value
 
     stop_signals: list[Literal["SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP"]] = Field(
         default_factory=lambda: ["SIGTERM", "SIGUSR1"]
@@ -257,6 +274,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         parsed = yaml.safe_load(value) if value.strip() else ""
     except yaml.YAMLError as exc:
         raise RecipeError(f"--set {text!r}: value is not valid YAML ({_first_line(exc)})") from None
+    except RecursionError:  # the YAML parser recurses once per level
+        raise RecipeError(f"--set {_brief(text)}: value is {_TOO_DEEP}") from None
     if isinstance(parsed, str) and _EXPONENT_FLOAT.fullmatch(parsed):
         parsed = float(parsed)  # YAML 1.1 reads 1e-3 as a string; here it means a number
     return key.strip().split("."), parsed
@@ -305,13 +324,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 def read_recipe_file(path: str | Path) -> dict[str, Any]:
     """Read a recipe's YAML mapping, with one-line errors for every failure."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise RecipeError(f"{path}: no such recipe file") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise RecipeError(f"{path}: cannot read recipe ({exc.__class__.__name__})") from None
+    path = user_path(path, "recipe file", RecipeError)
+    text = _read_recipe_text(path)
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
@@ -319,9 +333,90 @@ def read_recipe_file(path: str | Path) -> dict[str, Any]:
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(exc, "problem", None) or _first_line(exc)
         raise RecipeError(f"{path}: YAML syntax error at {where}{problem}") from None
+    except RecursionError:  # the YAML parser recurses once per level
+        raise RecipeError(f"{path}: YAML {_TOO_DEEP}") from None
     if not isinstance(data, dict):
         raise RecipeError(f"{path}: a recipe must be a YAML mapping, got {type(data).__name__}")
     return data
+
+
+def _read_recipe_text(path: Path) -> str:
+    """The text of a recipe file, which must be a regular file of at most MAX_RECIPE_BYTES.
+
+    Opened without blocking and checked on the open descriptor before any read: a
+    FIFO would block the open or read forever and ``/dev/zero`` would fill memory.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise RecipeError(f"{path}: no such recipe file") from None
+    except OSError as exc:
+        raise RecipeError(f"{path}: cannot read recipe ({reason(exc)})") from None
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise RecipeError(f"{path}: is a directory, not a recipe file")
+        if not stat.S_ISREG(info.st_mode):
+            raise RecipeError(
+                f"{path}: not a regular file (a FIFO, socket or device); a recipe is a YAML file"
+            )
+        if info.st_size > MAX_RECIPE_BYTES:
+            raise RecipeError(f"{path}: {_too_big(info.st_size)}")
+        with open(fd, "rb", closefd=False) as handle:
+            data = handle.read(MAX_RECIPE_BYTES + 1)  # the size can change after the fstat
+    except OSError as exc:
+        raise RecipeError(f"{path}: cannot read recipe ({reason(exc)})") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_RECIPE_BYTES:
+        raise RecipeError(f"{path}: {_too_big(len(data), more=True)}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecipeError(
+            f"{path}: cannot read recipe (not UTF-8 text: byte {exc.start} is "
+            f"0x{data[exc.start]:02x})"
+        ) from None
+
+
+def _too_big(size: int, more: bool = False) -> str:
+    return (
+        f"{'more than ' if more else ''}{size} bytes; a recipe is at most "
+        f"{MAX_RECIPE_BYTES // 2**20} MiB"
+    )
+
+
+_TOO_DEEP = f"nested too deeply (more than {MAX_DEPTH} levels)"
+
+
+def _brief(text: str, limit: int = 60) -> str:
+    """``text``, cut to ``limit`` characters: a value's first characters name it well enough."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def too_deep(data: Any, limit: int = MAX_DEPTH) -> str | None:
+    """The key path of a value nested more than ``limit`` levels, or None.
+
+    Walked without recursion, so neither depth nor a cycle (from Python) can
+    overflow the stack; the path stops at the first list or at a few keys.
+    """
+    stack: list[tuple[Any, str, int, bool]] = [(data, "", 0, True)]
+    deepest: dict[int, int] = {}  # YAML aliases share values: walk each once per depth
+    while stack:
+        node, loc, depth, naming = stack.pop()
+        if depth > limit:
+            return loc or "(top level)"
+        if not isinstance(node, (dict, list, tuple)) or deepest.get(id(node), -1) >= depth:
+            continue
+        deepest[id(node)] = depth
+        if isinstance(node, dict):
+            keep = naming and depth < 6
+            for key, value in node.items():
+                child = (f"{loc}.{key}" if loc else str(key)) if keep else loc
+                stack.append((value, child, depth + 1, keep))
+        elif isinstance(node, (list, tuple)):
+            stack.extend((value, loc, depth + 1, False) for value in node)
+    return None
 
 
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
@@ -342,6 +437,10 @@ def recipe_from_dict(
     ``plugin``/``plugins`` entries that are objects rather than names are
     replaced by :func:`object_name` and kept in :attr:`Recipe.objects`.
     """
+    deep = too_deep(data)
+    if deep is not None:
+        origin = _brief(_origin(source, overrides or [], deep), 80)
+        raise RecipeError(f"{origin}: {deep}: {_TOO_DEEP}")
     data = dict(data)
     objects: dict[str, Any] = {}
 

@@ -175,6 +175,32 @@ def _register(pm: pluggy.PluginManager, plugin: Any, name: str, source: PluginSo
         raise PluginError(f"{label} implements an unknown hook: {_one_line(exc)}") from None
 
 
+def not_a_plugin(pm: pluggy.PluginManager, source: PluginSource) -> str | None:
+    """Why the object registered for ``source`` is no plugin at all, or None when it
+    implements a hook: pluggy registers an object without any hookimpl silently, and a
+    recipe naming one would fail later, as an unknown section or a model of None."""
+    plugin = pm.get_plugin(source.name)
+    if plugin is None or pm.get_hookcallers(plugin):
+        return None
+    return f"{source.describe()} is not a plugin: {_no_hooks(plugin, source)}"
+
+
+def _no_hooks(plugin: Any, source: PluginSource) -> str:
+    """What would make ``plugin`` one: marking its hook-named methods, or which hooks."""
+    what = "the module" if inspect.ismodule(plugin) else f"its {type(plugin).__qualname__} object"
+    unmarked = implemented_hooks(plugin)
+    if unmarked:
+        return (
+            f"{what} defines {', '.join(unmarked)} but marks none with @slhub.hookimpl, "
+            "so it implements no slhub hook"
+        )
+    if source.role == MODEL:
+        wanted = "a model plugin implements build_model, sample and objective"
+    else:
+        wanted = "e.g. on_log, on_commit, validate or recipe_sections"
+    return f"{what} implements no slhub hook ({wanted}, each marked @slhub.hookimpl)"
+
+
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return f"{exc.__class__.__name__}: {text}" if text else exc.__class__.__name__
@@ -313,6 +339,16 @@ def build_manager(
             )
     for plugin, source in [*reversed(loaded[1:]), loaded[0]]:
         _register(pm, plugin, source.name, source)
+    for _, source in loaded:
+        reason = not_a_plugin(pm, source)
+        if reason is not None:
+            raise PluginError(reason)
+    model_plugin, model_source = loaded[0]
+    if "build_model" not in {caller.name for caller in pm.get_hookcallers(model_plugin) or ()}:
+        raise PluginError(
+            f"{model_source.describe()} is the recipe's model plugin (plugin:) but implements "
+            "no build_model; a model plugin implements build_model, sample and objective"
+        )
     return Plugins(pm, tuple(source for _, source in loaded))
 
 

@@ -31,6 +31,7 @@ import torch
 from slhub import artifacts, checkpoint, distributed, log, preemption, registry
 from slhub._version import __version__
 from slhub.errors import ArtifactError, CheckpointError, PluginError, SlhubError
+from slhub.paths import path_errors
 from slhub.recipe import Recipe, as_recipe
 from slhub.trainer import Loop
 
@@ -116,7 +117,9 @@ class _Start:
             self.checkpoint = Path(self.requested)
         else:
             last = Path(recipe.trainer.output_dir) / "last.pt"
-            self.checkpoint = last if last.is_file() else None
+            with path_errors(last, ArtifactError, "cannot look for the checkpoint to resume"):
+                found = last.is_file()  # raises for a name the OS refuses (too long)
+            self.checkpoint = last if found else None
         return self.checkpoint
 
     @property

@@ -4,6 +4,7 @@ and no artifact lost or damaged; a user can start over without deleting by hand.
 from __future__ import annotations
 
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -284,3 +285,188 @@ def test_torchrun_summary_names_the_real_cause(tmp_path: Path):
     assert proc.returncode != 0
     summary = proc.stderr[proc.stderr.rfind("Failures:") :]
     assert "rank 1 failed during sampling: RuntimeError: injected sampling failure" in summary
+
+
+# ------------------------------------------------ paths and files the OS or slhub refuses
+
+LONG = "a" * 300  # one path component over the file system's 255-byte name limit
+
+
+@pytest.mark.parametrize(
+    "case", ["config-too-long", "config-loop", "output-dir-too-long", "resume-auto-too-long",
+             "export-out-too-long", "plot-run-dir-too-long"],
+)  # fmt: skip
+def test_a_path_the_os_refuses_is_one_line(capsys, tmp_path: Path, ckpt: Path, case: str):
+    """pathlib raises OSError even from ``exists()`` for such a name: one line naming it."""
+    long = tmp_path / LONG
+    if case == "config-too-long":
+        line = cli_error(capsys, "train", "--config", f"{long}.yaml")
+        expected = f"{long}.yaml: cannot read recipe (File name too long)"
+    elif case == "config-loop":
+        (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+        (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+        line = cli_error(capsys, "train", "--config", str(tmp_path / "loop1"))
+        expected = "loop1: cannot read recipe (Too many levels of symbolic links)"
+    elif case == "output-dir-too-long":
+        line = _train_error(capsys, tmp_path, "--set", f"trainer.output_dir={long}")
+        expected = f"{long}: cannot use trainer.output_dir (File name too long)"
+    elif case == "resume-auto-too-long":
+        out = f"trainer.output_dir={long}"
+        line = _train_error(capsys, tmp_path, "--set", out, "--resume", "auto")
+        expected = f"{long}/last.pt: cannot look for the checkpoint to resume (File name too long)"
+    elif case == "export-out-too-long":
+        line = cli_error(
+            capsys, "export", "--checkpoint", str(ckpt), "--out", str(long),
+            "--plugin", "examples.sl_ddp.plugin:SlDdpPlugin",
+        )  # fmt: skip
+        expected = f"{long}: cannot use export destination (File name too long)"
+    else:
+        line = cli_error(capsys, "plot", str(long))
+        expected = f"{long}: cannot read the run directory (File name too long)"
+    assert expected in line
+    assert sorted(p.name for p in tmp_path.iterdir()) in ([], ["r.yaml"], ["loop1", "loop2"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["train", "--config", ""], "slhub: error: --config: empty path"),
+        (["train", "--config", "{recipe}", "--resume", ""], "--resume: empty path"),
+        (["inspect", ""], "slhub: error: CKPT: empty path"),
+        (["export", "--checkpoint", "{ckpt}", "--out", ""], "slhub: error: --out: empty path"),
+        (["plot", "{run}", "--out", ""], "slhub: error: --out: empty path"),
+        (["export", "--checkpoint", "{ckpt}", "--out", "e\0x"],
+         "--out 'e\\x00x': a path cannot hold a NUL byte"),
+        (["train", "--config", "{recipe}", "--set", 'trainer.output_dir="o\\0x"'],
+         'trainer.output_dir="o\\0x": trainer.output_dir: must not contain a NUL byte'),
+    ],
+    ids=["config", "resume", "inspect", "export-out", "plot-out", "nul-export-out",
+         "nul-output-dir"],
+)  # fmt: skip
+def test_an_empty_path_or_a_nul_byte_is_one_line(capsys, tmp_path, ckpt: Path, argv, expected):
+    """``Path("")`` quietly means the current directory, and no OS call takes a NUL byte."""
+    recipe = _write(tmp_path / "r.yaml", trainer__output_dir=str(tmp_path / "out"))
+    names = {"recipe": recipe, "ckpt": ckpt, "run": ckpt.parent}
+    line = cli_error(capsys, *[word.format(**names) for word in argv])
+    assert expected in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.yaml"]
+
+
+@pytest.mark.parametrize("case", ["file", "set-unparsable", "set-parsed"])
+def test_a_deeply_nested_recipe_is_one_line(capsys, tmp_path: Path, case: str):
+    """Deep nesting would overflow the recursive YAML parser, or later the validation."""
+    if case == "file":
+        deep = tmp_path / "deep.yaml"
+        deep.write_text("model:\n  hidden: " + "[" * 100_000 + "]" * 100_000 + "\n")
+        line = cli_error(capsys, "train", "--config", str(deep))
+        assert f"{deep}: YAML nested too deeply (more than 100 levels)" in line
+        return
+    levels = 5000 if case == "set-unparsable" else 300
+    line = _train_error(capsys, tmp_path, "--set", "model.hidden=" + "[" * levels + "]" * levels)
+    assert line.startswith("slhub: error: --set model.hidden=[[[") and len(line) < 200
+    what = "value is" if case == "set-unparsable" else "...: model.hidden:"
+    assert f"{what} nested too deeply (more than 100 levels)" in line
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("case", ["directory", "huge"])
+def test_a_recipe_must_be_a_small_regular_file(capsys, tmp_path: Path, case: str):
+    path = tmp_path / "r.yaml"
+    if case == "directory":
+        path.mkdir()
+        expected = f"{path}: is a directory, not a recipe file"
+    else:
+        path.touch()
+        os.truncate(path, 17 * 2**20)  # sparse: no disk used
+        expected = f"{path}: {17 * 2**20} bytes; a recipe is at most 16 MiB"
+    assert expected in cli_error(capsys, "train", "--config", str(path))
+
+
+@pytest.mark.parametrize("case", ["dev-zero", "fifo"])
+def test_a_recipe_that_is_no_regular_file_is_refused_unread(tmp_path: Path, case: str):
+    """In a process of its own, limited: reading /dev/zero would fill memory, and a FIFO
+    with no writer would block forever."""
+    path = Path("/dev/zero") if case == "dev-zero" else tmp_path / "fifo.yaml"
+    if case == "fifo":
+        os.mkfifo(path)
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2 * 2**30, 2 * 2**30))
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "slhub", "train", "--config", str(path)],
+        cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=60,
+        preexec_fn=limit,
+    )  # fmt: skip
+    line = one_line_error_in(proc.returncode, proc.stderr)
+    assert f"{path}: not a regular file (a FIFO, socket or device)" in line
+
+
+NOT_PLUGINS = """
+from slhub import hookimpl
+
+class NotAPlugin:
+    pass
+
+class Unmarked:
+    def build_model(self, trainer):
+        return None
+
+class NoModel:
+    @hookimpl
+    def objective(self, trainer, model, batch):
+        return None
+
+Instance = 42
+"""
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--set", "plugin=not_plugins:NotAPlugin"], '"not_plugins:NotAPlugin" (no distribution) '
+         "is not a plugin: its NotAPlugin object implements no slhub hook (a model plugin "
+         "implements build_model, sample and objective, each marked @slhub.hookimpl)"),
+        (["--set", "plugin=not_plugins:Instance"],
+         "is not a plugin: its int object implements no slhub hook"),
+        (["--set", "plugin=not_plugins:Unmarked"], "is not a plugin: its Unmarked object defines "
+         "build_model but marks none with @slhub.hookimpl"),
+        (["--set", 'plugins=["not_plugins:NotAPlugin"]'],
+         "its NotAPlugin object implements no slhub hook (e.g. on_log"),
+        (["--set", "plugin=not_plugins:NoModel"], '"not_plugins:NoModel" (no distribution) is '
+         "the recipe's model plugin (plugin:) but implements no build_model"),
+        (["export", "--plugin", "not_plugins:NotAPlugin"],
+         "is not a plugin: its NotAPlugin object implements no slhub hook"),
+    ],
+    ids=["class", "instance", "unmarked", "extra", "no-build-model", "export"],
+)  # fmt: skip
+def test_an_object_that_is_no_plugin_is_named_so(
+    capsys, monkeypatch, tmp_path: Path, ckpt: Path, argv, expected
+):
+    """pluggy registers an object without hook implementations silently; without a check
+    the run failed later as an unknown recipe section or a model of None."""
+    (tmp_path / "not_plugins.py").write_text(NOT_PLUGINS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    if argv[0] == "export":
+        out = tmp_path / "e"
+        line = cli_error(capsys, "export", "--checkpoint", str(ckpt), "--out", str(out), *argv[1:])
+        assert not out.exists()
+    else:
+        line = _train_error(capsys, tmp_path, *argv)
+        assert not (tmp_path / "out").exists()
+    assert expected in line
+
+
+def test_plot_out_is_the_file_written(capsys, tmp_path: Path, ckpt: Path):
+    """matplotlib appends ``.png`` to a name without a suffix: the plot is written exactly
+    at --out (PNG), and a directory as --out is refused rather than reported as written."""
+    run = ckpt.parent
+    folder = tmp_path / "figures"
+    folder.mkdir()
+    line = cli_error(capsys, "plot", str(run), "--out", str(folder))
+    assert f"{folder}: is a directory; --out names the image file to write" in line
+    assert sorted(tmp_path.iterdir()) == [folder] and not any(folder.iterdir())
+    assert cli.main(["plot", str(run), "--out", str(tmp_path / "plain")]) == 0
+    assert f"to {tmp_path / 'plain'}\n" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["figures", "plain"]
+    assert (tmp_path / "plain").read_bytes().startswith(b"\x89PNG")

@@ -376,7 +376,7 @@ def _widen_weight(ckpt):
 
 def _nest_recipe(ckpt):
     deep: list = []
-    for _ in range(200):
+    for _ in range(300):
         deep = [deep]
     ckpt["run"]["recipe"]["model"]["hidden"] = deep
 
@@ -390,7 +390,7 @@ def _nest_recipe(ckpt):
                          "the parameter is float32 [32, 4]"),
         (_widen_moment, "exp_avg_sq of parameter 0.weight is float64 [32, 4]"),
         (_widen_weight, "model tensor 0.weight is float64, this recipe's model has float32"),
-        (_nest_recipe, "run identity is nested more than 64 levels deep"),
+        (_nest_recipe, "run identity is nested more than 100 levels deep"),
     ],
     ids=["lr-not-a-number", "step-not-a-number", "moment-shape", "moment-dtype",
          "weight-dtype", "deep-recipe"],

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from slhub import checkpoint, registry
 from slhub.errors import ArtifactError, CheckpointError, PluginError
+from slhub.paths import path_errors, user_path
 
 
 @dataclass(frozen=True)
@@ -29,15 +30,17 @@ class Exported:
 
 
 def _refuse_unusable(out_dir: Path) -> None:
-    """Raise unless ``out_dir`` is absent or an empty directory."""
-    if out_dir.exists() or out_dir.is_symlink():
-        if not out_dir.is_dir():
-            raise ArtifactError(f"export destination {out_dir} exists and is not a directory")
-        if any(out_dir.iterdir()):
-            raise ArtifactError(
-                f"export destination {out_dir} is not empty; exports go into a new or empty "
-                "directory and never overwrite files"
-            )
+    """Raise unless ``out_dir`` is absent or an empty directory (one line also when the
+    OS refuses the name itself: too long, a symlink loop)."""
+    with path_errors(out_dir, ArtifactError, "cannot use export destination"):
+        if out_dir.exists() or out_dir.is_symlink():
+            if not out_dir.is_dir():
+                raise ArtifactError(f"export destination {out_dir} exists and is not a directory")
+            if any(out_dir.iterdir()):
+                raise ArtifactError(
+                    f"export destination {out_dir} is not empty; exports go into a new or empty "
+                    "directory and never overwrite files"
+                )
 
 
 def _claim_out_dir(out_dir: Path) -> bool:
@@ -88,8 +91,8 @@ def run_export(
     :raises PluginError: the checkpoint's plugin is not installed, or ``plugin``
         does not load.
     """
-    checkpoint_path = Path(checkpoint_path)
-    out_dir = Path(out_dir)
+    checkpoint_path = user_path(checkpoint_path, "checkpoint", CheckpointError)
+    out_dir = user_path(out_dir, "export destination", ArtifactError)
     _refuse_unusable(out_dir)  # before the (possibly slow) checkpoint load
     ckpt = checkpoint.load_checkpoint(checkpoint_path)
     pm, candidates = registry.export_manager(choose_exporter(ckpt, checkpoint_path, plugin))
@@ -108,6 +111,8 @@ def run_export(
     if created:
         shutil.rmtree(out_dir, ignore_errors=True)
     asked = ", ".join(s.name for s in candidates) or "none installed"
+    why = [reason for s in candidates if (reason := registry.not_a_plugin(pm, s)) is not None]
     raise CheckpointError(
         f"{checkpoint_path} is not a checkpoint any plugin asked can export (asked: {asked})"
+        + "".join(f"; {reason}" for reason in why)
     )

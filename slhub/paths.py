@@ -1,0 +1,57 @@
+"""Paths a user names: one-line errors instead of OSError and ValueError tracebacks.
+
+The OS refuses some names outright: an empty one (pathlib silently reads it as
+``.``), one holding a NUL byte, a component over the file system's name limit,
+a symlink loop. pathlib raises those as ValueError or OSError from calls as
+innocent as ``exists()``. Every command that takes a path goes through here, so
+each refusal is one :class:`~slhub.errors.SlhubError` line, ``PATH: reason``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from slhub.errors import SlhubError
+
+
+def user_path(
+    path: str | os.PathLike[str], what: str, error: type[SlhubError] = SlhubError
+) -> Path:
+    """``path`` as a Path, refusing names no OS call accepts, before anything acts on them.
+
+    ``Path("")`` means the current directory and a NUL byte makes pathlib raise
+    ValueError, or answer False from ``exists()``; either would surface far from
+    the argument at fault. ``what`` names the argument (``--out``, ``recipe file``).
+    """
+    text = os.fspath(path)
+    if not text:
+        raise error(f"{what}: empty path")
+    if "\0" in text:
+        raise error(f"{what} {text!r}: a path cannot hold a NUL byte")
+    return Path(text)
+
+
+def reason(exc: BaseException) -> str:
+    """The OS's short reason (``File name too long``), without the path it repeats."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+@contextmanager
+def path_errors(
+    path: str | os.PathLike[str],
+    error: type[SlhubError],
+    doing: str,
+    hint: str = "",
+) -> Iterator[None]:
+    """Turn an OSError or ValueError of the block's path operations into one line:
+    ``PATH: DOING (REASON)[; HINT]`` raised as ``error`` (SlhubErrors pass through)."""
+    try:
+        yield
+    except (OSError, ValueError) as exc:
+        suffix = f"; {hint}" if hint else ""
+        raise error(f"{path}: {doing} ({reason(exc)}){suffix}") from None
