@@ -34,6 +34,17 @@ def _train(capsys, tmp_path: Path, *args: str, **changes) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
+def _train_limited(recipe: Path, kind: int, limit: int, timeout: float) -> str:
+    """The one-line error of ``python -m slhub train`` in a process under a resource limit
+    (``RLIMIT_FSIZE``: a full disk; ``RLIMIT_AS``: what reading /dev/zero would exhaust)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "slhub", "train", "--config", str(recipe)],
+        cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=timeout,
+        preexec_fn=lambda: resource.setrlimit(kind, (limit, limit)),
+    )  # fmt: skip
+    return one_line_error_in(proc.returncode, proc.stderr)
+
+
 def _train_error(capsys, tmp_path: Path, *args: str, **changes) -> str:
     """The one-line error of ``slhub train`` run in this process."""
     recipe = _write(tmp_path / "r.yaml", trainer__output_dir=str(tmp_path / "out"), **changes)
@@ -144,15 +155,7 @@ def test_metrics_write_failure_is_one_line(tmp_path: Path):
         trainer__output_dir=str(tmp_path / "out"),
     )  # fmt: skip
 
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (30_000, 30_000))
-
-    proc = subprocess.run(
-        [sys.executable, "-m", "slhub", "train", "--config", str(recipe)],
-        cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=120,
-        preexec_fn=limit,
-    )  # fmt: skip
-    line = one_line_error_in(proc.returncode, proc.stderr)
+    line = _train_limited(recipe, resource.RLIMIT_FSIZE, 30_000, timeout=120)
     assert "metrics.jsonl: cannot append metrics (File too large)" in line
 
 
@@ -390,15 +393,7 @@ def test_a_recipe_that_is_no_regular_file_is_refused_unread(tmp_path: Path, case
     if case == "fifo":
         os.mkfifo(path)
 
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (2 * 2**30, 2 * 2**30))
-
-    proc = subprocess.run(
-        [sys.executable, "-m", "slhub", "train", "--config", str(path)],
-        cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=60,
-        preexec_fn=limit,
-    )  # fmt: skip
-    line = one_line_error_in(proc.returncode, proc.stderr)
+    line = _train_limited(path, resource.RLIMIT_AS, 2 * 2**30, timeout=60)
     assert f"{path}: not a regular file (a FIFO, socket or device)" in line
 
 
