@@ -199,9 +199,14 @@ def read_identity(folder: Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     try:
-        return json.loads(path.read_text())
+        identity = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise ArtifactError(f"{path}: unreadable run identity ({exc})") from None
+    if not isinstance(identity, dict):
+        raise ArtifactError(
+            f"{path}: not a run identity (holds a JSON {type(identity).__name__}, not an object)"
+        )
+    return identity
 
 
 def check_resume_destination(folder: Path, checkpoint_run: dict[str, Any] | None) -> bool:

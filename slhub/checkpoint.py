@@ -33,6 +33,7 @@ import pickle
 import re
 import stat
 import zipfile
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -64,7 +65,18 @@ def build(
     :param optimizer: the optimizer's ``state_dict()``.
     :param scheduler: schedule (and scaler) state, or None.
     :param ranks: every rank's merged ``save`` contributions, by global rank.
+    :raises CheckpointError: a ``save`` contribution holds a value that
+        ``torch.load(weights_only=True)`` refuses (a numpy array, a namedtuple): every
+        checkpoint would be written and then be unloadable.
     """
+    for rank, state in enumerate(ranks):
+        where = unloadable(state, f"ranks[{rank}]")
+        if where is not None:
+            raise CheckpointError(
+                f"rank {rank}'s save state holds {where}, which a checkpoint loaded with "
+                "weights_only=True cannot hold; return tensors, numbers, strings, bytes, "
+                "None, dtypes, devices and dicts, lists, tuples or sets of them"
+            )
     return {
         "format": FORMAT_V2,
         "step": step,
@@ -74,6 +86,35 @@ def build(
         "scheduler": scheduler,
         "ranks": ranks,
     }
+
+
+#: What ``torch.load(weights_only=True)`` loads (exact types: a subclass such as numpy's
+#: float64 or a namedtuple needs its class to be unpickled, which it refuses).
+_LOADABLE_LEAVES = (int, float, bool, complex, str, bytes, bytearray, type(None))
+_LOADABLE_OTHER = (torch.dtype, torch.device)
+_LOADABLE_CONTAINERS = (dict, OrderedDict, list, tuple, set, torch.Size)
+
+
+def unloadable(value: Any, where: str = "state") -> str | None:
+    """The first place in ``value`` a weights-only load refuses, described, or None."""
+    pending = [(value, where)]
+    while pending:
+        item, path = pending.pop()
+        kind = type(item)
+        if kind in _LOADABLE_LEAVES or kind in (torch.Tensor, torch.nn.Parameter):
+            continue
+        if isinstance(item, _LOADABLE_OTHER):
+            continue
+        if kind in (dict, OrderedDict):
+            for key, child in item.items():
+                if type(key) not in _LOADABLE_LEAVES:
+                    return f"a key of type {type(key).__name__} in {path}"
+                pending.append((child, f"{path}.{key}"))
+        elif kind in _LOADABLE_CONTAINERS:
+            pending.extend((child, f"{path}[{i}]") for i, child in enumerate(item))
+        else:
+            return f"{path}: a {kind.__module__}.{kind.__qualname__}"
+    return None
 
 
 def step_of(checkpoint: dict[str, Any]) -> int:
@@ -93,6 +134,8 @@ def plugins_of(run: dict[str, Any] | None) -> list[dict[str, Any]]:
     ``source.plugin``; it reads as a one-element list.
     """
     source = (run or {}).get("source") or {}
+    if not isinstance(source, dict):
+        return []
     if isinstance(source.get("plugins"), list):
         return source["plugins"]
     single = source.get("plugin")
@@ -434,6 +477,15 @@ def _type_problem(data: dict[str, Any], version: int) -> str | None:
         return "ranks is not a list of per-rank states"
     if len(ranks) != run["world_size"]:
         return f"ranks has {len(ranks)} entries for world size {run['world_size']}"
+    for rank, entry in enumerate(ranks):
+        missing = [key for key in RANK_KEYS if key not in entry]
+        if missing:  # the built-in recovery plugin writes them at every checkpoint
+            return f"ranks[{rank}] has no {' and no '.join(missing)} state"
+    for key in ("recipe", "source"):
+        if not isinstance(run.get(key, {}), dict):
+            return f"run.{key} is a {type(run[key]).__name__}, expected a mapping"
+    if not all(isinstance(source, dict) for source in plugins_of(run)):
+        return "run.source.plugins is not a list of plugin sources"
     if data["scheduler"] is not None and not isinstance(data["scheduler"], dict):
         return "scheduler is neither None nor a state dict"
     if too_deep(run, MAX_DEPTH + 1) is not None:  # + 1: the recipe sits inside the identity
@@ -441,6 +493,9 @@ def _type_problem(data: dict[str, Any], version: int) -> str | None:
     return None
 
 
+#: What every rank's entry of a v2 checkpoint holds (the recovery plugin's ``save``):
+#: without them a resume would continue with fresh random streams, silently inexact.
+RANK_KEYS = ("rng", "sampler")
 #: Hyperparameters of torch's optimizers that are numbers in every parameter group.
 _NUMERIC_GROUP_KEYS = ("lr", "weight_decay", "eps", "momentum", "dampening")
 #: Optimizer state that torch's optimizers keep shaped like its parameter (and of its dtype).

@@ -50,8 +50,16 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but usage errors are one line and exit 2 like every other bad input."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        print(f"slhub: error: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        _final_line(f"slhub: error: {message} (see `{self.prog} --help`)")
         raise SystemExit(EXIT_USAGE)
+
+
+def _final_line(line: str) -> None:
+    """Write the command's last line to stderr in ONE write, flushed: torchrun workers
+    share that stream, and a line written apart from its newline can be glued to
+    another worker's line."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def _command(sub: argparse._SubParsersAction, name: str, summary: str, examples: str):
@@ -204,8 +212,10 @@ def _inspect(args: argparse.Namespace) -> None:
 
 
 def _export(args: argparse.Namespace) -> None:
+    from slhub import log
     from slhub.export.command import run_export
 
+    log.configure("console")  # a failing export hook's traceback goes to stderr
     done = run_export(args.checkpoint, args.out, plugin=args.plugin)
     print(f"exported {args.checkpoint} to {done.path} with {done.plugin.describe()}")
 
@@ -258,15 +268,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         fmt = getattr(args, "log_format", "console")
         if isinstance(exc, Preempted):
             message = f"{exc}; resume with: {_resume_command(argv)}"
-            print(final_line(message, fmt, event="preempted", level="warning"), file=sys.stderr)
+            _final_line(final_line(message, fmt, event="preempted", level="warning"))
             code = exc.exit_code
         else:
-            print(final_line(str(exc), fmt), file=sys.stderr)
+            _final_line(final_line(str(exc), fmt))
             code = EXIT_USAGE
         _record_for_torchrun(exc)
         return code
     except KeyboardInterrupt:
-        print("slhub: interrupted", file=sys.stderr)
+        _final_line("slhub: interrupted")
         return EXIT_INTERRUPTED
     return 0
 

@@ -34,26 +34,72 @@ class Plotted:
     resumed_at: list[int] = field(default_factory=list)
 
 
+#: Updates beyond this are no update a run reached (and no x value a plot can place).
+MAX_STEP = 2**63 - 1
+
+
+def _step_of(record: dict[str, Any]) -> int | None:
+    """The record's update number, or None when its ``step`` is missing or not a
+    non-negative integer (a string, null, a float such as ``1e400``, a bool)."""
+    step = record.get("step")
+    if isinstance(step, int) and not isinstance(step, bool) and 0 <= step <= MAX_STEP:
+        return step
+    return None
+
+
+def _bad_step_line(path: Path) -> str:
+    """Where the first record without a usable step is, for a one-line refusal."""
+    with path_errors(path, SlhubError, "cannot read the metrics"):
+        text = path.read_text(encoding="utf-8", errors="replace")
+    for number, line in enumerate(text.splitlines(), start=1):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and _step_of(record) is None:
+            return f"line {number} has step {_short(record.get('step'))}"
+    return "a record has no usable step"
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def collect(run_dir: Path) -> tuple[dict[str, tuple[list[int], list[float]]], list[int]]:
     """The series to plot (train/loss, every validation/*, train/lr) and the resume
-    updates, from the run directory's effective metrics history."""
+    updates, from the run directory's effective metrics history.
+
+    A record whose ``step`` is missing or not a non-negative integer cannot be
+    placed on the update axis and is skipped; the rest of the run is plotted.
+    Only when such a record stands where a resume marker must be ordered against
+    it (read_metrics compares steps there) is the file refused, naming the line.
+    """
     path = run_dir / METRICS_FILE
     with path_errors(run_dir, SlhubError, "cannot read the run directory"):
         if not path.is_file():
             raise SlhubError(f"{run_dir} holds no {METRICS_FILE}: not a run directory")
-        records = read_metrics(path, markers=True)
+        try:
+            records = read_metrics(path, markers=True)
+        except (TypeError, ValueError, KeyError, OverflowError) as exc:
+            raise SlhubError(
+                f"{path}: {_bad_step_line(path)}, not an update number; cannot apply the "
+                f"resume markers ({exc.__class__.__name__})"
+            ) from None
     series: dict[str, tuple[list[int], list[float]]] = {}
     resumed_at: list[int] = []
     for record in records:
-        step = record.get("step")
+        step = _step_of(record)
+        if step is None:
+            continue
         if record.get("event") == RESUME_EVENT:
-            resumed_at.append(int(step))
+            resumed_at.append(step)
             continue
         for key, value in record.items():
             wanted = key in ("train/loss", "train/lr") or key.startswith("validation/")
             if wanted and isinstance(value, (int, float)) and not isinstance(value, bool):
                 steps, values = series.setdefault(key, ([], []))
-                steps.append(int(step))
+                steps.append(step)
                 values.append(float(value))
     if not series:
         raise SlhubError(f"{path} has no train/loss, validation or lr values to plot")

@@ -211,7 +211,7 @@ def _instantiate(obj: Any, label: str) -> Any:
     if inspect.isclass(obj):
         try:
             return obj()
-        except Exception as exc:  # noqa: BLE001 - any constructor failure is the plugin's
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - the plugin's, exits too
             raise PluginError(f"{label} failed to initialize: {_one_line(exc)}") from None
     return obj
 
@@ -296,7 +296,8 @@ def resolve(spec: str, role: str = MODEL, objects: dict[str, Any] | None = None)
             sys.path.insert(0, os.getcwd())  # as `python -m` does, for the console script too
         try:
             module = importlib.import_module(module_name)
-        except Exception as exc:  # noqa: BLE001 - report any import-time failure
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - any import-time failure,
+            # sys.exit() in the module included (it would end the command silently)
             raise PluginError(f"{source.describe()} failed to import: {_one_line(exc)}") from None
         obj: Any = module
         for part in filter(None, attr.split(".")):
@@ -312,7 +313,8 @@ def resolve(spec: str, role: str = MODEL, objects: dict[str, Any] | None = None)
     source = _source_of_entry_point(ep, role)
     try:
         return ep.load(), source
-    except Exception as exc:  # noqa: BLE001 - report any import-time failure
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - any import-time failure,
+        # sys.exit() in the module included (it would end the command silently)
         raise PluginError(f"{source.describe()} failed to import: {_one_line(exc)}") from None
 
 
@@ -371,7 +373,7 @@ def export_manager(chosen: str | None) -> tuple[pluggy.PluginManager, list[Plugi
         try:
             source = _source_of_entry_point(ep)
             _register(pm, _instantiate(ep.load(), source.describe()), name, source)
-        except Exception:  # noqa: BLE001, S112 - listed as broken by `slhub plugins`
+        except (Exception, SystemExit):  # noqa: BLE001, S112 - broken: listed as such by `slhub plugins`
             continue
         sources.append(source)
     return pm, sources
@@ -413,6 +415,6 @@ def list_plugins() -> list[PluginListing]:
             hooks = implemented_hooks(ep.load())
             kind = MODEL if set(hooks) & set(hookspecs.MODEL_HOOKS) else EXTRA
             rows.append(PluginListing(name, source.dist, source.version, kind, hooks))
-        except Exception as exc:  # noqa: BLE001 - shown in the listing instead
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - shown in the listing instead
             rows.append(PluginListing(name, source.dist, source.version, "?", (), _one_line(exc)))
     return rows

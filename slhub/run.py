@@ -76,7 +76,35 @@ def train(
 
     Inside a caller's :func:`slhub.distributed_run` the run uses that scope's
     device and process group; otherwise it opens its own from the recipe.
+
+    Arguments of the wrong type raise TypeError naming the argument (a ``str``
+    as ``overrides`` or ``plugins`` too: it would be read one character at a
+    time); a ``log_format`` other than ``console`` or ``json`` raises SlhubError.
     """
+    if not isinstance(recipe, (str, dict, Recipe)) and not hasattr(recipe, "__fspath__"):
+        raise TypeError(
+            "recipe: expected a YAML path (str or os.PathLike), a mapping (dict) or a "
+            f"Recipe, got {type(recipe).__name__}"
+        )
+    for name, value in (("overrides", overrides), ("plugins", plugins)):
+        if value is not None and not isinstance(value, (list, tuple)):
+            raise TypeError(f"{name}: expected a list, got {type(value).__name__}")
+    if bad := [o for o in overrides or [] if not isinstance(o, str)]:
+        raise TypeError(
+            f"overrides: expected 'KEY.PATH=VALUE' strings, got {type(bad[0]).__name__} "
+            f"{bad[0]!r:.60}"
+        )
+    if resume is not None and not isinstance(resume, str) and not hasattr(resume, "__fspath__"):
+        raise TypeError(
+            f"resume: expected a checkpoint path (str or os.PathLike) or 'auto', "
+            f"got {type(resume).__name__}"
+        )
+    if not isinstance(log_format, str):
+        raise TypeError(
+            f"log_format: expected 'console' or 'json', got {type(log_format).__name__}"
+        )
+    if log_format not in log.FORMATS:
+        raise SlhubError(f"log_format: expected 'console' or 'json', got {log_format!r:.60}")
     overrides = list(overrides or [])
     log.configure(log_format, distributed.env_rank(), distributed.env_world_size())
     if overwrite and resume is not None:

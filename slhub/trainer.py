@@ -154,6 +154,11 @@ class Loop(TrainerBase):
 
     def _configure_optimizers(self):
         built = self.hook.configure_optimizers(trainer=self, model=self.model)
+        if isinstance(built, tuple) and len(built) != 2:
+            raise PluginError(
+                f"configure_optimizers returned a tuple of {len(built)}, expected an optimizer "
+                "or (optimizer, lr scheduler or None)"
+            )
         optimizer, scheduler = built if isinstance(built, tuple) else (built, None)
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise PluginError(
@@ -301,7 +306,10 @@ class Loop(TrainerBase):
                 # read once (a host sync on a GPU): scale_loss and the metrics see the float
                 result.weight = weight
                 if weight > 0:
-                    loss_value = float(result.loss.detach())
+                    loss = result.loss
+                    if not (isinstance(loss, torch.Tensor) and loss.requires_grad):
+                        raise PluginError(_not_differentiable(loss))
+                    loss_value = float(loss.detach())
                     if not math.isfinite(loss_value):
                         phase = "non-finite loss"
                         raise SlhubError(f"loss is {loss_value} at update {step}")
@@ -311,7 +319,8 @@ class Loop(TrainerBase):
                 else:
                     with self._sync(False):
                         self._backward(result, weight, None)
-        except Exception as exc:  # noqa: BLE001 - every rank-local failure is agreed on
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - every rank-local failure is agreed
+            # on; sys.exit() in plugin code too, which would end this rank alone, silently
             if not isinstance(exc, SlhubError):
                 log.failure(f"{phase} failed", exc)
             return None, 0.0, 0.0, (phase, exc)
@@ -397,9 +406,10 @@ class Loop(TrainerBase):
                 metrics[f"train/{key}"] = _scalar(value)
             if self.calls.on_commit is not None:
                 self.calls.on_commit(trainer=self, step=step, result=result, metrics=metrics)
+                metrics["step"] = step  # the one key a plugin may not change
             if self.is_main:
                 self._log_line(metrics)
-        except Exception as exc:  # noqa: BLE001 - held for the next agreement
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - held for the next agreement
             log.failure("commit failed", exc)
             self._held = ("commit", exc)
 
@@ -421,7 +431,7 @@ class Loop(TrainerBase):
         if validate_now:
             try:
                 self._validate(step)
-            except Exception as exc:  # noqa: BLE001 - held for the next agreement
+            except (Exception, SystemExit) as exc:  # noqa: BLE001 - held for the next agreement
                 log.failure("validation failed", exc)
                 failed_validation = exc
         if save_now and self._committed is not None:  # None: another rank failed to gather
@@ -534,6 +544,17 @@ class _Calls:
         }
         self.on_commit = direct_caller(pm, "on_commit") if "on_commit" in implemented else None
         self.on_log = direct_caller(pm, "on_log") if "on_log" in implemented else None
+
+
+def _not_differentiable(loss: Any) -> str:
+    """Why ``LossResult.loss`` cannot be back-propagated (its backward would fail after
+    the agreement, outside the protocol, on this rank alone)."""
+    if not isinstance(loss, torch.Tensor):
+        return f"LossResult.loss must be a tensor, got {type(loss).__name__}"
+    return (
+        "LossResult.loss does not require grad (detached, or computed without the model's "
+        "parameters, or under torch.no_grad): nothing to back-propagate"
+    )
 
 
 def _scalar(value: Any) -> Any:

@@ -259,14 +259,14 @@ def test_a_non_finite_loss_is_one_line_without_a_traceback(capsys, monkeypatch, 
 def test_rank0_state_that_cannot_be_pickled_fails_the_run_without_a_checkpoint(
     capsys, monkeypatch, tmp_path: Path
 ):
-    """Rank 0 keeps its own state unpickled until the write: a state torch.save cannot
-    pickle fails that write, before any file is touched, as checkpoint I/O."""
+    """Rank 0 keeps its own state unpickled until the write: a state a checkpoint cannot
+    hold (here a lambda) fails that write, before any file is touched, as checkpoint I/O."""
     out = tmp_path / "out"
     code, err = _faulty_run(
         capsys, monkeypatch, tmp_path, "state", trainer__save_every=1, trainer__validate_every=2
     )
     line = one_line_error_in(code, err)
-    assert "failed during checkpoint I/O" in line and "pickle" in line, line
+    assert "failed during checkpoint I/O" in line and "ranks[0].fault: a builtins.function" in line
     assert load(out / "last.pt")["step"] == 1 and not (out / "step_2.pt").exists()
     assert not [p for p in out.iterdir() if ".tmp-" in p.name]
 
@@ -465,3 +465,160 @@ def test_plot_out_is_the_file_written(capsys, tmp_path: Path, ckpt: Path):
     assert f"to {tmp_path / 'plain'}\n" in capsys.readouterr().out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["figures", "plain"]
     assert (tmp_path / "plain").read_bytes().startswith(b"\x89PNG")
+
+
+# --- final lines in one write; export hooks that fail; plot steps; train() argument types ---
+
+from slhub.errors import SlhubError  # noqa: E402 - this section's own import
+
+
+class _Writes:
+    """A stderr that records each write() call."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.calls.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        self.calls.append("<flush>")
+
+    def isatty(self) -> bool:
+        return False
+
+
+def test_final_line_is_one_write_with_its_newline(monkeypatch, tmp_path: Path):
+    """torchrun workers share stderr: a line written apart from its newline was glued to
+    another worker's line (``...(admission)slhub: error: rank 0 failed...``)."""
+    stderr = _Writes()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    assert cli.main(["inspect", str(tmp_path / "missing.pt")]) == 2
+    with pytest.raises(SystemExit):
+        cli.main(["train"])  # a usage error: argparse's one line
+    lines = [c for c in stderr.calls if c != "<flush>"]
+    assert len(lines) == 2, stderr.calls
+    assert all(c.startswith("slhub: error: ") and c.endswith("\n") for c in lines), lines
+    assert all(c.count("\n") == 1 for c in lines), lines
+    assert stderr.calls[-1] == "<flush>" and stderr.calls[1] == "<flush>"
+
+
+EXPORT_PLUGINS = """
+import os
+from slhub import hookimpl
+from examples.sl_ddp.plugin import SlDdpPlugin
+
+class P(SlDdpPlugin):
+    @hookimpl
+    def export(self, checkpoint, checkpoint_path, out_dir):
+        mode = os.environ["SLHUB_TEST_EXPORT"]
+        if mode == "raise":
+            (out_dir / "half.bin").write_bytes(b"x")
+            raise RuntimeError("boom export")
+        if mode == "int":
+            return 42
+        if mode == "no-manifest":
+            (out_dir / "model.pt").write_bytes(b"x")
+        return out_dir
+"""
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        ("raise", 'slhub plugin "exp_plugins:P" (no distribution) failed in its export hook: '
+         "RuntimeError: boom export"),
+        ("int", 'the export hook of slhub plugin "exp_plugins:P" (no distribution) returned int '
+         "42; it must return the export directory (a path) or None"),
+        ("nothing", "but wrote nothing there: nothing exported"),
+        ("no-manifest", "but wrote no export.json there"),
+    ],
+    ids=["raise", "int", "nothing", "no-manifest"],
+)  # fmt: skip
+def test_a_failing_export_hook_is_one_line_and_leaves_no_directory(
+    capsys, monkeypatch, tmp_path: Path, ckpt: Path, mode: str, expected: str
+):
+    """A plugin's plain exception or a return that is not a path exited 1 with a bare
+    traceback; a hook that wrote nothing was reported as exported."""
+    (tmp_path / "exp_plugins.py").write_text(EXPORT_PLUGINS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("SLHUB_TEST_EXPORT", mode)
+    out = tmp_path / "new" / "e"
+    argv = ["export", "--checkpoint", str(ckpt), "--out", str(out), "--plugin", "exp_plugins:P"]
+    if mode == "raise":  # a plugin's bug: its traceback is logged, then the one line
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        *logged, line = err.strip().splitlines()
+        assert "Traceback" in "\n".join(logged) and "RuntimeError: boom export" in logged[-1]
+        assert line.startswith("slhub: error: ") and "Traceback" not in line
+    else:
+        line = cli_error(capsys, *argv)
+    assert expected in line
+    assert not out.exists()
+
+
+def _metrics_run(tmp_path: Path, *extra: str) -> Path:
+    run = tmp_path / "run"
+    run.mkdir()
+    good = [json.dumps({"step": s, "train/loss": 1.0 / s, "train/lr": 0.1}) for s in (1, 2, 3)]
+    (run / "metrics.jsonl").write_text("\n".join([*good[:2], *extra, good[2]]) + "\n")
+    return run
+
+
+@pytest.mark.parametrize(
+    "record",
+    ['{"step": "zzz", "train/loss": 5.0}', '{"step": null, "train/loss": 5.0}',
+     '{"train/loss": 5.0}', '{"step": 1e400, "train/loss": 5.0}',
+     '{"step": true, "train/loss": 5.0}'],
+    ids=["str", "null", "missing", "inf", "bool"],
+)  # fmt: skip
+def test_plot_skips_records_without_an_update_number(capsys, tmp_path: Path, record: str):
+    """A record whose step is not an integer crashed ``slhub plot`` with a traceback."""
+    run = _metrics_run(tmp_path, record)
+    assert cli.main(["plot", str(run)]) == 0, capsys.readouterr().err
+    assert "plotted train/loss, train/lr to" in capsys.readouterr().out
+    from slhub.plot import collect
+
+    series, _ = collect(run)
+    assert series["train/loss"][0] == [1, 2, 3]
+
+
+def test_plot_refuses_a_bad_step_a_resume_marker_must_order(capsys, tmp_path: Path):
+    run = _metrics_run(
+        tmp_path, '{"step": "zzz", "train/loss": 5.0}', '{"event": "resume", "step": 2}'
+    )
+    line = cli_error(capsys, "plot", str(run))
+    assert "metrics.jsonl: line 3 has step 'zzz', not an update number" in line
+    assert not (run / "metrics.png").exists()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"log_format": "xml"}, SlhubError,
+         r"^log_format: expected 'console' or 'json', got 'xml'$"),
+        ({"log_format": None}, TypeError,
+         r"^log_format: expected 'console' or 'json', got NoneType$"),
+        ({"overrides": "trainer.steps=1"}, TypeError, r"^overrides: expected a list, got str$"),
+        ({"overrides": ["trainer.steps=1", 3]}, TypeError,
+         r"^overrides: expected 'KEY.PATH=VALUE' strings, got int 3$"),
+        ({"recipe": b"r.yaml"}, TypeError, r"^recipe: expected a YAML path \(str or os.PathLike\), "
+         r"a mapping \(dict\) or a Recipe, got bytes$"),
+        ({"recipe": 42}, TypeError, r"^recipe: .* got int$"),
+        ({"resume": 42}, TypeError, r"^resume: expected a checkpoint path \(str or os.PathLike\) "
+         r"or 'auto', got int$"),
+        ({"plugins": "examples.sl_ddp.plugin:SlDdpPlugin"}, TypeError,
+         r"^plugins: expected a list, got str$"),
+    ],
+    ids=["log-format-xml", "log-format-none", "overrides-str", "overrides-item", "recipe-bytes",
+         "recipe-int", "resume-int", "plugins-str"],
+)  # fmt: skip
+def test_train_refuses_arguments_of_the_wrong_type(tmp_path: Path, kwargs, error, match):
+    """slhub.train iterated a str of overrides or plugins per character and accepted any
+    log_format; a recipe or resume of another type failed deep inside, unnamed."""
+    recipe = _write(tmp_path / "r.yaml", trainer__steps=1, trainer__output_dir=str(tmp_path / "o"))
+    kwargs = {"recipe": str(recipe), **kwargs}
+    with pytest.raises(error, match=match):
+        train(**kwargs)
+    assert not (tmp_path / "o").exists()

@@ -12,12 +12,13 @@ every installed plugin. Every user error is a one-line
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from slhub import checkpoint, registry
-from slhub.errors import ArtifactError, CheckpointError, PluginError
+from slhub import checkpoint, log, registry
+from slhub.errors import ArtifactError, CheckpointError, PluginError, SlhubError
 from slhub.paths import path_errors, user_path
 
 
@@ -57,6 +58,34 @@ def _claim_out_dir(out_dir: Path) -> bool:
     return True
 
 
+def _exported_dir(result: object, source: registry.PluginSource) -> Path:
+    """The directory an export hook returned, which must hold the export it wrote
+    (at least the ``export.json`` manifest the export contract asks for)."""
+    hook = f"the export hook of {source.describe()}"
+    if not isinstance(result, (str, os.PathLike)) or isinstance(result, bytes):
+        raise PluginError(
+            f"{hook} returned {type(result).__name__} {_short(result)}; it must return the "
+            "export directory (a path) or None"
+        )
+    path = Path(result)
+    with path_errors(path, PluginError, f"{hook} returned an unusable path"):
+        if not path.is_dir():
+            raise PluginError(f"{hook} returned {path}, which is not a directory")
+        if not any(path.iterdir()):
+            raise PluginError(f"{hook} returned {path} but wrote nothing there: nothing exported")
+        if not (path / "export.json").is_file():
+            raise PluginError(
+                f"{hook} returned {path} but wrote no export.json there (an export holds "
+                "export.json with its format and kind)"
+            )
+    return path
+
+
+def _short(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def choose_exporter(ckpt: dict, path: Path, plugin: str | None) -> str | None:
     """The plugin name to export with; None means every installed plugin (v1 only).
 
@@ -89,7 +118,9 @@ def run_export(
     :raises CheckpointError: the checkpoint is missing or damaged, or no plugin
         recognizes it.
     :raises PluginError: the checkpoint's plugin is not installed, or ``plugin``
-        does not load.
+        does not load, or its export hook fails (a plain exception is logged with
+        its traceback first), returns no path, or writes no ``export.json`` there.
+        An ``out_dir`` created here is removed again on any failure.
     """
     checkpoint_path = user_path(checkpoint_path, "checkpoint", CheckpointError)
     out_dir = user_path(out_dir, "export destination", ArtifactError)
@@ -101,9 +132,19 @@ def run_export(
         for source in candidates:
             others = [p for name, p in pm.list_name_plugin() if name != source.name]
             ask = pm.subset_hook_caller("export", remove_plugins=others)
-            result = ask(checkpoint=ckpt, checkpoint_path=checkpoint_path, out_dir=out_dir)
+            try:
+                result = ask(checkpoint=ckpt, checkpoint_path=checkpoint_path, out_dir=out_dir)
+            except SlhubError:
+                raise
+            except Exception as exc:  # a bug in the plugin: its traceback, then one line
+                log.failure("export failed", exc)
+                detail = " ".join(str(exc).split())
+                raise PluginError(
+                    f"{source.describe()} failed in its export hook: "
+                    f"{exc.__class__.__name__}{': ' + detail if detail else ''}"
+                ) from None
             if result is not None:
-                return Exported(Path(result), source)
+                return Exported(_exported_dir(result, source), source)
     except BaseException:
         if created:
             shutil.rmtree(out_dir, ignore_errors=True)
