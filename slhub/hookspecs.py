@@ -54,8 +54,9 @@ class LossResult:
     """What an objective returns for one local batch.
 
     ``loss`` is the local *mean* loss over the valid supervision of this rank's
-    batch; ``weight`` is the number of valid supervision elements behind that
-    mean. The committed update is the gradient of ``sum(w_r * L_r) / sum(w_r)``
+    batch, a tensor that requires grad whenever ``weight`` is above 0 (else the
+    update fails on every rank, naming it); ``weight`` is the number of valid
+    supervision elements behind that mean. The committed update is the gradient of ``sum(w_r * L_r) / sum(w_r)``
     over ranks, so unequal valid counts are weighted correctly. A rank whose
     weight is 0 contributes nothing, whatever its loss value. The loop reads a
     tensor weight once (a host sync on a GPU) and stores the float back in
@@ -272,7 +273,7 @@ def on_commit(trainer: Trainer, step: int, result: LossResult, metrics: dict[str
     :param step: the number of the update just committed (1-based).
     :param result: this rank's :class:`LossResult` for the update.
     :param metrics: the metrics line that rank 0 appends to metrics.jsonl for
-        this update; implementations may add keys to it.
+        this update; implementations may add keys to it (its ``step`` stays the update's).
     """
 
 
