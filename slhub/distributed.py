@@ -104,11 +104,18 @@ def distributed_run(
     if launched_by_torchrun() and not dist.is_initialized():
         if resolved.type == "cuda":
             torch.cuda.set_device(resolved)
-        dist.init_process_group(
-            backend="nccl" if resolved.type == "cuda" else "gloo",
-            timeout=timedelta(seconds=timeout_s),
-            device_id=resolved if resolved.type == "cuda" else None,
-        )
+        try:
+            dist.init_process_group(
+                backend="nccl" if resolved.type == "cuda" else "gloo",
+                timeout=timedelta(seconds=timeout_s),
+                device_id=resolved if resolved.type == "cuda" else None,
+            )
+        except (RuntimeError, ValueError) as exc:  # DistError and its network/store kinds
+            reason = " ".join(str(exc).split("\n", 1)[0].split())[:300] or type(exc).__name__
+            raise SlhubError(
+                f"cannot form the process group (rank {env_rank()} of {env_world_size()}, "
+                f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}): {reason}"
+            ) from None
         created = True
     _SCOPES.append(resolved)
     try:

@@ -56,13 +56,13 @@ class LossResult:
     ``loss`` is the local *mean* loss over the valid supervision of this rank's
     batch, a tensor that requires grad whenever ``weight`` is above 0 (else the
     update fails on every rank, naming it); ``weight`` is the number of valid
-    supervision elements behind that mean. The committed update is the gradient of ``sum(w_r * L_r) / sum(w_r)``
-    over ranks, so unequal valid counts are weighted correctly. A rank whose
-    weight is 0 contributes nothing, whatever its loss value. The loop reads a
-    tensor weight once (a host sync on a GPU) and stores the float back in
-    ``weight``, so ``scale_loss`` and ``on_commit`` see a float. ``metrics`` are
-    extra scalars logged to metrics.jsonl under ``train/<name>`` (rank 0's
-    local values).
+    supervision elements behind that mean. The committed update is the gradient
+    of ``sum(w_r * L_r) / sum(w_r)`` over ranks, so unequal valid counts are
+    weighted correctly. A rank whose weight is 0 contributes nothing, whatever
+    its loss value. The loop reads a tensor weight once (a host sync on a GPU)
+    and stores the float back in ``weight``, so ``scale_loss`` and
+    ``on_commit`` see a float. ``metrics`` are extra scalars logged to
+    metrics.jsonl under ``train/<name>`` (rank 0's local values).
     """
 
     loss: torch.Tensor

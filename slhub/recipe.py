@@ -64,7 +64,7 @@ class TrainerConfig(BaseModel):
     save_every: int = Field(default=0, ge=0, le=MAX_COUNT)
     output_dir: str = Field(min_length=1)
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    timeout_s: float = Field(default=600.0, gt=0)
+    timeout_s: float = Field(default=600.0, ge=1.0)  # below a second no group forms
     #: Clip the global norm of the reduced gradient to this before every optimizer step.
     grad_clip_norm: float | None = Field(default=None, gt=0)
     #: Micro-batches per rank and update (gradient accumulation).

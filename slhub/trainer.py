@@ -216,11 +216,18 @@ class Loop(TrainerBase):
                 # broadcasts rank 0's buffers at construction, which would overwrite the
                 # per-rank buffers just restored; torch's own warning says to keep it.
                 warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated")
-                self._ddp = DistributedDataParallel(
-                    self._objective,
-                    device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                    broadcast_buffers=False,
-                )
+                try:
+                    self._ddp = DistributedDataParallel(
+                        self._objective,
+                        device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                        broadcast_buffers=False,
+                    )
+                except RuntimeError as exc:  # DDP compares the ranks' parameters (a collective)
+                    reason = " ".join(str(exc).split())[:300]
+                    raise PluginError(
+                        f"the ranks' models differ (build_model must build the same model on "
+                        f"every rank): DistributedDataParallel: {reason}"
+                    ) from None
                 self._buckets_rebuilt = False
         self.calls = _Calls(self.plugins)  # the plugins registered now, for the whole run
         stopped_at = None

@@ -386,3 +386,14 @@ class BadOptimizer(SlDdpPlugin):
     @hookimpl
     def configure_optimizers(self):
         return "adam"
+
+
+class RankDependentModel(SlDdpPlugin):
+    """Builds a wider model on every rank but 0: DDP's check of the ranks' parameters fails."""
+
+    @hookimpl
+    def build_model(self, trainer) -> nn.Module:
+        model = super().build_model(trainer)
+        if trainer.rank == 0:
+            return model
+        return nn.Sequential(nn.Linear(4, 33), nn.Tanh(), nn.Linear(33, 2))

@@ -288,3 +288,19 @@ def test_validate_time_save_writes_gathered_state_without_a_collective(tmp_path:
     assert best["step"] == 4 and len(best["ranks"]) == 2
     assert_tree_equal(best["ranks"], last["ranks"])
     assert_tree_equal(best["model"], last["model"])
+
+
+@pytest.mark.slow  # fault matrix / cross-process check: `python -m pytest -m slow`
+def test_models_that_differ_between_ranks_end_every_rank_with_one_line(tmp_path: Path):
+    """DDP's constructor compares the ranks' parameters; its RuntimeError was a traceback
+    and exit 1 on every rank."""
+    recipe = _recipe(
+        tmp_path, "differ", "slhub_testplugins:RankDependentModel", trainer__steps=2,
+        trainer__output_dir=str(tmp_path / "out"),
+    )  # fmt: skip
+    _, results = launch_workers("train", "--config", str(recipe), timeout=120)
+    for rank, (rc, err) in enumerate(results):
+        assert rc == 2, (rank, err[-2000:])
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("slhub: error: the ranks' models differ (build_model must"), last
+        assert "Traceback" not in err

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 
 from conftest import SL_DDP, assert_tree_equal, free_port, load, metrics_of, torchrun_env
 from slhub import distributed_run, train
+from slhub.errors import SlhubError
 
 
 def _torchrun_env(monkeypatch) -> None:
@@ -69,3 +71,16 @@ def test_a_group_of_one_trains_as_no_group_does_without_a_collective(monkeypatch
     a, b = load(alone / "last.pt"), load(grouped / "last.pt")
     for key in ("model", "optimizer", "ranks"):
         assert_tree_equal(a[key], b[key], key)
+
+
+def test_a_group_that_cannot_form_is_one_line(monkeypatch):
+    """Rank 1 of 2 with no rank 0 listening: the store's connection times out, which
+    torch raises as DistNetworkError with C++ frames; slhub says which group it was."""
+    port = free_port()
+    for key, value in torchrun_env(1, 2, port).items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(SlhubError, match=rf"cannot form the process group \(rank 1 of 2, "
+                       rf"127.0.0.1:{port}\): "):  # fmt: skip
+        with distributed_run("cpu", timeout_s=1.0):
+            pass
+    assert not dist.is_initialized()
