@@ -78,7 +78,8 @@ class _Objective(nn.Module):
             raise PluginError(
                 f"objective returned {type(result).__name__}, expected slhub.LossResult"
                 if result is not None
-                else "no plugin implements objective"
+                else "objective returned None (the model plugin's objective must return a "
+                "LossResult)"
             )
         return result
 
@@ -131,6 +132,7 @@ class Loop(TrainerBase):
         self._committed: list[dict[str, Any]] | None = None
         self._committed_step = -1
         self._in_validation = False
+        self._in_commit = False
         self._held: tuple[str, BaseException] | None = None
 
         rng.seed_everything(self.config.seed)  # identical model init on every rank
@@ -298,7 +300,9 @@ class Loop(TrainerBase):
                 phase = "sampling"
                 batch = self.calls.sample(trainer=self, generator=self.generator, step=step)
                 if batch is None:
-                    raise PluginError("no plugin implements sample")
+                    raise PluginError(
+                        "sample returned None (the model plugin's sample must return the batch)"
+                    )
                 phase = "objective"
                 if self._ddp is None and self.precision.dtype is None:
                     # one process in fp32: no wrapper, no context to enter on the hot path
@@ -412,7 +416,11 @@ class Loop(TrainerBase):
             for key, value in result.metrics.items():
                 metrics[f"train/{key}"] = _scalar(value)
             if self.calls.on_commit is not None:
-                self.calls.on_commit(trainer=self, step=step, result=result, metrics=metrics)
+                self._in_commit = True
+                try:
+                    self.calls.on_commit(trainer=self, step=step, result=result, metrics=metrics)
+                finally:
+                    self._in_commit = False
                 metrics["step"] = step  # the one key a plugin may not change
             if self.is_main:
                 self._log_line(metrics)
@@ -504,6 +512,12 @@ class Loop(TrainerBase):
         every rank must call it: it gathers every rank's state first. Returns the
         path on rank 0, None elsewhere.
         """
+        if self._in_commit:  # ranks reach on_commit at different times: it would hang
+            raise PluginError(
+                "trainer.save() from on_commit: it is a collective and on_commit must not "
+                "call collectives; call it from validate (rank 0) or at the same point on "
+                "every rank"
+            )
         if not self._in_validation:
             self._gather_committed()
         if not self.is_main:

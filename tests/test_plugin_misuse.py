@@ -164,3 +164,28 @@ def test_a_run_json_that_is_no_object_is_one_line(tmp_path: Path):
     with pytest.raises(ArtifactError, match=r"run.json: not a run identity \(holds a JSON list"):
         train(SL_DDP, [*SHORT, "trainer.steps=6", f"trainer.output_dir={out}"], resume="auto",
               log_format="json")  # fmt: skip
+
+
+class _SavesInCommit(SlDdpPlugin):
+    @hookimpl
+    def on_commit(self, trainer, step):
+        if step == 2:
+            trainer.save("mine.pt")
+
+
+def test_save_from_on_commit_is_refused_not_a_hang(tmp_path: Path):
+    """Called there on one rank it waited the whole trainer.timeout_s for the others."""
+    with pytest.raises(RankFailure, match=r"during commit: trainer.save\(\) from on_commit"):
+        _train(tmp_path, plugin=_SavesInCommit())
+    assert not (tmp_path / "out" / "mine.pt").exists()
+
+
+class _SamplesNothing(SlDdpPlugin):
+    @hookimpl
+    def sample(self, trainer, generator):
+        return None
+
+
+def test_a_sample_returning_none_is_named(tmp_path: Path):
+    with pytest.raises(RankFailure, match="during sampling: sample returned None"):
+        _train(tmp_path, plugin=_SamplesNothing())
