@@ -42,7 +42,10 @@ class _StderrLogger:
     def msg(self, message: str) -> None:
         wrapper = _write_wrapper
         with wrapper(file=sys.stderr) if wrapper is not None else nullcontext():
-            print(message, file=sys.stderr, flush=True)
+            # one write with its newline (print makes two): workers sharing a terminal or
+            # a torchrun log cannot split a line between them
+            sys.stderr.write(message + "\n")
+            sys.stderr.flush()
 
     log = debug = info = warning = warn = error = critical = exception = fatal = msg
 

@@ -311,6 +311,10 @@ class Loop(TrainerBase):
                     with self._sync(final), self.precision.autocast():
                         wrapped = self._ddp if self._ddp is not None else self._objective
                         result = wrapped(batch, step)
+                if isinstance(result.weight, (str, bytes, bool)):  # float() would take "5"
+                    raise PluginError(
+                        f"LossResult.weight must be a number or a tensor, got {result.weight!r}"
+                    )
                 weight = float(result.weight)
                 if not math.isfinite(weight) or weight < 0:
                     raise PluginError(f"LossResult.weight must be finite and >= 0, got {weight}")

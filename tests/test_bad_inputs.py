@@ -518,6 +518,8 @@ class P(SlDdpPlugin):
             raise RuntimeError("boom export")
         if mode == "int":
             return 42
+        if mode == "exit":
+            raise SystemExit(3)
         if mode == "no-manifest":
             (out_dir / "model.pt").write_bytes(b"x")
         return out_dir
@@ -531,10 +533,12 @@ class P(SlDdpPlugin):
          "RuntimeError: boom export"),
         ("int", 'the export hook of slhub plugin "exp_plugins:P" (no distribution) returned int '
          "42; it must return the export directory (a path) or None"),
+        ("exit", 'slhub plugin "exp_plugins:P" (no distribution) failed in its export hook: '
+         "SystemExit: 3"),
         ("nothing", "but wrote nothing there: nothing exported"),
         ("no-manifest", "but wrote no export.json there"),
     ],
-    ids=["raise", "int", "nothing", "no-manifest"],
+    ids=["raise", "int", "exit", "nothing", "no-manifest"],
 )  # fmt: skip
 def test_a_failing_export_hook_is_one_line_and_leaves_no_directory(
     capsys, monkeypatch, tmp_path: Path, ckpt: Path, mode: str, expected: str
@@ -546,11 +550,11 @@ def test_a_failing_export_hook_is_one_line_and_leaves_no_directory(
     monkeypatch.setenv("SLHUB_TEST_EXPORT", mode)
     out = tmp_path / "new" / "e"
     argv = ["export", "--checkpoint", str(ckpt), "--out", str(out), "--plugin", "exp_plugins:P"]
-    if mode == "raise":  # a plugin's bug: its traceback is logged, then the one line
+    if mode in ("raise", "exit"):  # a plugin's bug: its traceback is logged, then one line
         assert cli.main(argv) == 2
         err = capsys.readouterr().err
         *logged, line = err.strip().splitlines()
-        assert "Traceback" in "\n".join(logged) and "RuntimeError: boom export" in logged[-1]
+        assert "Traceback" in "\n".join(logged) and expected.split(": ", 1)[1] in logged[-1]
         assert line.startswith("slhub: error: ") and "Traceback" not in line
     else:
         line = cli_error(capsys, *argv)

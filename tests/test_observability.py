@@ -214,3 +214,23 @@ def test_inspect_shows_recipe_digest_and_last_metrics(tmp_path: Path, capsys):
     assert f"train:      update 20: loss={history[20]['train/loss']:.4g}" in text
     assert re.search(r"validation: update 20: mse=\d", text)
     assert "world size: 1" in text and "examples.sl_ddp.plugin:SlDdpPlugin" in text
+
+
+def test_a_log_line_is_one_write_with_its_newline(monkeypatch):
+    """print() writes the text and the newline separately: two workers sharing a log
+    could split each other's lines."""
+    import io
+
+    from slhub import log
+
+    writes: list[str] = []
+
+    class Recorder(io.StringIO):
+        def write(self, text: str) -> int:
+            writes.append(text)
+            return len(text)
+
+    monkeypatch.setattr(sys, "stderr", Recorder())
+    log.configure("json")
+    log.get_logger().info("probe", value=1)
+    assert len(writes) == 1 and writes[0].endswith("}\n") and '"event": "probe"' in writes[0]

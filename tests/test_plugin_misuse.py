@@ -189,3 +189,16 @@ class _SamplesNothing(SlDdpPlugin):
 def test_a_sample_returning_none_is_named(tmp_path: Path):
     with pytest.raises(RankFailure, match="during sampling: sample returned None"):
         _train(tmp_path, plugin=_SamplesNothing())
+
+
+class _WeightAsText(SlDdpPlugin):
+    @hookimpl
+    def objective(self, trainer, model, batch):
+        result = super().objective(trainer, model, batch)
+        return LossResult(loss=result.loss, weight=str(int(result.weight)))
+
+
+def test_a_weight_given_as_text_is_refused(tmp_path: Path):
+    """float() would have read "5" as 5.0."""
+    with pytest.raises(RankFailure, match="LossResult.weight must be a number or a tensor, got '"):
+        _train(tmp_path, plugin=_WeightAsText())

@@ -136,7 +136,7 @@ def run_export(
                 result = ask(checkpoint=ckpt, checkpoint_path=checkpoint_path, out_dir=out_dir)
             except SlhubError:
                 raise
-            except Exception as exc:  # a bug in the plugin: its traceback, then one line
+            except (Exception, SystemExit) as exc:  # a plugin bug: its traceback, one line
                 log.failure("export failed", exc)
                 detail = " ".join(str(exc).split())
                 raise PluginError(
