@@ -12,10 +12,10 @@ one model plugin (``plugin:``). Lifecycle, on every rank unless stated
 
 1. Configuration: :func:`recipe_sections` (which recipe sections a plugin owns).
 2. Construction: :func:`build_model`, :func:`configure_optimizers`.
-3. Resume: :func:`restore` (once, before the first update).
+3. Resume: :func:`load_state_dict` (once, before the first update).
 4. Every update: :func:`sample` -> :func:`objective` -> :func:`scale_loss`
    -> optimizer step -> :func:`on_commit`.
-5. Boundaries: :func:`save` (every rank), :func:`validate` (rank 0 only).
+5. Boundaries: :func:`state_dict` (every rank), :func:`validate` (rank 0 only).
 6. Reporting: :func:`on_log` (rank 0, each metrics line), :func:`on_fit_end`.
 7. Outside training: :func:`export`.
 
@@ -188,15 +188,16 @@ def configure_optimizers(trainer: Trainer, model: nn.Module) -> Any:
 
 
 @hookspec
-def restore(trainer: Trainer, state: dict[str, Any]) -> None:
+def load_state_dict(trainer: Trainer, state: dict[str, Any]) -> None:
     """Read this rank's state back from a checkpoint on resume.
 
     Called on every rank once, every plugin, after model and optimizer are
     loaded and before the first update. ``state`` is this rank's entry of the
     checkpoint (for a v1 checkpoint: ``{"rng": ...}`` only); read your own key.
+    The counterpart of :func:`state_dict` (torch's ``Stateful`` names).
 
     :param trainer: this rank's :class:`Trainer`.
-    :param state: what :func:`save` contributed on this rank, all plugins merged.
+    :param state: what :func:`state_dict` contributed on this rank, all plugins merged.
     """
 
 
@@ -253,7 +254,7 @@ def scale_loss(trainer: Trainer, result: LossResult, total_weight: float) -> tor
     :param trainer: this rank's :class:`Trainer`.
     :param result: this rank's :class:`LossResult`.
     :param total_weight: the sum of every rank's weight for this update; with
-        ``trainer.accumulate > 1`` it is ``world_size`` for every micro-batch (the
+        ``trainer.config.accumulate > 1`` it is ``world_size`` for every micro-batch (the
         total is known only after all of them ran) and the loop divides the
         reduced gradient by the total afterwards.
     :returns: a scalar tensor to call ``backward()`` on.
@@ -283,14 +284,16 @@ def on_commit(trainer: Trainer, step: int, result: LossResult, metrics: dict[str
 
 
 @hookspec
-def save(trainer: Trainer) -> dict[str, Any] | None:
-    """Contribute this rank's state to the next checkpoint.
+def state_dict(trainer: Trainer) -> dict[str, Any] | None:
+    """Contribute this rank's state to the checkpoint of a boundary.
 
     Called on every rank, every plugin, at every validation or save boundary,
-    before validation. The merged results of one rank become that rank's entry
-    of the checkpoint (gathered to rank 0), so store only tensors, numbers,
-    strings, lists, tuples, dicts and None. Use one key named after your
-    plugin; a key contributed twice is an error.
+    before validation; on rank 0 once more after validation, so what
+    :func:`validate` changed (a best value, a patience counter) is what that
+    boundary's checkpoint holds. The merged results of one rank become that
+    rank's entry of the checkpoint (gathered to rank 0), so store only tensors,
+    numbers, strings, lists, tuples, dicts and None. Use one key named after
+    your plugin; a key contributed twice is an error.
 
     :param trainer: this rank's :class:`Trainer`.
     :returns: ``{key: state}`` or None.

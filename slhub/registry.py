@@ -158,8 +158,28 @@ def builtin_plugin(module_name: str) -> Any:
     return factory() if factory is not None else module
 
 
+#: Hooks that were renamed, old name -> new name: an implementation under the old name is
+#: refused at registration (pluggy would call it "unknown", which does not say what to do).
+RENAMED_HOOKS = {"save": "state_dict", "restore": "load_state_dict"}
+
+
+def _renamed(plugin: Any) -> list[str]:
+    """``old -> new`` for each hook ``plugin`` implements under a name it no longer has."""
+    return [
+        f"{old} -> {new}"
+        for old, new in RENAMED_HOOKS.items()
+        if getattr(getattr(plugin, old, None), f"{hookspecs.PROJECT}_impl", None) is not None
+    ]
+
+
 def _register(pm: pluggy.PluginManager, plugin: Any, name: str, source: PluginSource | None = None):
     label = source.describe() if source else f'slhub plugin "{name}"'
+    renamed = _renamed(plugin)
+    if renamed:
+        raise PluginError(
+            f"{label} implements hooks under their old names; rename them ({', '.join(renamed)}): "
+            "the state hooks are state_dict and load_state_dict"
+        )
     if pm.get_plugin(name) is not None or pm.is_registered(plugin):
         raise PluginError(f"{label} is named twice in the recipe")
     try:

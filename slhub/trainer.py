@@ -195,7 +195,7 @@ class Loop(TrainerBase):
             ) from None
         self.step = checkpoint.step_of(ckpt)
         try:
-            self.hook.restore(trainer=self, state=checkpoint.rank_state(ckpt, self.rank))
+            self.hook.load_state_dict(trainer=self, state=checkpoint.rank_state(ckpt, self.rank))
         except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
             reason = " ".join(str(exc).split())[:200] or exc.__class__.__name__
             raise CheckpointError(
@@ -501,7 +501,7 @@ class Loop(TrainerBase):
 
     def _local_state(self) -> dict[str, Any]:
         local: dict[str, Any] = {}
-        for part in self.calls.save(trainer=self):
+        for part in self.calls.state_dict(trainer=self):
             for key, value in (part or {}).items():
                 if key in local:
                     raise PluginError(f"two plugins contribute checkpoint key {key!r}")
@@ -563,7 +563,7 @@ class _Calls:
         self.sample = direct_caller(pm, "sample")
         self.objective = direct_caller(pm, "objective")
         self.scale_loss = direct_caller(pm, "scale_loss")
-        self.save = direct_caller(pm, "save")
+        self.state_dict = direct_caller(pm, "state_dict")
         implemented = {
             name for name in ("on_commit", "on_log") if getattr(pm.hook, name).get_hookimpls()
         }

@@ -27,7 +27,7 @@ class ReplicaParameters:
     """Contributes this rank's parameters to every checkpoint."""
 
     @hookimpl
-    def save(self, trainer: Any) -> dict[str, Any]:
+    def state_dict(self, trainer: Any) -> dict[str, Any]:
         params = {n: p.detach().cpu().clone() for n, p in trainer.model.named_parameters()}
         return {"replica_parameters": params}
 

@@ -18,7 +18,7 @@ from examples.sl_ddp.plugin import SlDdpPlugin, masked_mse
 from slhub import LossResult, SlhubError, hookimpl
 
 #: In-process probes record what hooks received here.
-RECORD: dict[str, list] = {"restore": []}
+RECORD: dict[str, list] = {"load_state_dict": []}
 
 
 class ProbeNet(nn.Module):
@@ -115,7 +115,7 @@ class FaultInjector(SlDdpPlugin):
         return super().validate(trainer, model, step)
 
     @hookimpl
-    def save(self, trainer):
+    def state_dict(self, trainer):
         if self._due(trainer, "state", trainer.step):
             return {"fault": lambda: None}  # cannot be pickled: fails on this rank only
         return None
@@ -141,12 +141,12 @@ class HookProbe(SlDdpPlugin):
         metrics["train/probe_commits"] = self.commits
 
     @hookimpl
-    def save(self, trainer):
+    def state_dict(self, trainer):
         return {"probe": {"commits": self.commits}}
 
     @hookimpl
-    def restore(self, trainer, state):
-        RECORD["restore"].append(state["probe"])
+    def load_state_dict(self, trainer, state):
+        RECORD["load_state_dict"].append(state["probe"])
         self.commits = state["probe"]["commits"]
 
     @hookimpl
@@ -263,11 +263,11 @@ class CommitLog:
         metrics["train/commit_log_commits"] = self.commits
 
     @hookimpl
-    def save(self, trainer):
+    def state_dict(self, trainer):
         return {"commit_log": {"commits": self.commits, "draws": self.draws.clone()}}
 
     @hookimpl
-    def restore(self, trainer, state):
+    def load_state_dict(self, trainer, state):
         self.commits = state["commit_log"]["commits"]
         self.draws = state["commit_log"]["draws"].clone()
 
@@ -288,11 +288,11 @@ class MetricsTap:
         metrics["train/tap_saw_commit_log"] = "train/commit_log_commits" in metrics
 
     @hookimpl
-    def save(self):
+    def state_dict(self):
         return {"metrics_tap": {"steps": torch.tensor(self.steps, dtype=torch.int64)}}
 
     @hookimpl
-    def restore(self, state):
+    def load_state_dict(self, state):
         self.steps = state["metrics_tap"]["steps"].tolist()
 
 
@@ -364,7 +364,7 @@ class WhereAmI:
     """An extra plugin that checkpoints where each rank ran: rank, LOCAL_RANK and device."""
 
     @hookimpl
-    def save(self, trainer):
+    def state_dict(self, trainer):
         local = int(os.environ.get("LOCAL_RANK", "0"))
         return {"where": {"rank": trainer.rank, "local_rank": local, "device": str(trainer.device)}}
 

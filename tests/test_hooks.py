@@ -21,7 +21,15 @@ SPECS = sorted(n for n in dir(hookspecs) if hasattr(getattr(hookspecs, n), "slhu
 
 
 def test_contract_has_the_designed_hooks():
-    expected = {"build_model", "sample", "objective", "on_commit", "validate", "save", "restore"}
+    expected = {
+        "build_model",
+        "sample",
+        "objective",
+        "on_commit",
+        "validate",
+        "state_dict",
+        "load_state_dict",
+    }
     assert expected <= set(SPECS)
 
 
@@ -32,7 +40,7 @@ def test_every_hookspec_is_documented(name: str):
     for param in inspect.signature(spec).parameters:
         assert f":param {param}:" in doc, f"{name} does not document {param}"
         assert inspect.signature(spec).parameters[param].default is inspect.Parameter.empty
-    if name not in ("on_commit", "restore", "on_log", "on_fit_end"):
+    if name not in ("on_commit", "load_state_dict", "on_log", "on_fit_end"):
         assert ":returns:" in doc, name
     if spec.slhub_spec.get("firstresult"):
         assert "Stops at the first non-None result" in doc, name
@@ -193,21 +201,21 @@ def test_hook_validate(tmp_path: Path, monkeypatch):
     assert torch.equal(a["ranks"][0]["rng"]["torch"], b["ranks"][0]["rng"]["torch"])
 
 
-def test_hook_save(tmp_path: Path):
+def test_hook_state_dict(tmp_path: Path):
     out = _run(tmp_path, "slhub_testplugins:HookProbe", *SHORT)
     assert load(out / "step_2.pt")["ranks"][0]["probe"] == {"commits": 2}
     assert load(out / "last.pt")["ranks"][0]["probe"] == {"commits": 4}
 
 
-def test_hook_restore(tmp_path: Path):
+def test_hook_load_state_dict(tmp_path: Path):
     from slhub_testplugins import RECORD
 
-    RECORD["restore"].clear()
+    RECORD["load_state_dict"].clear()
     out = _run(tmp_path, "slhub_testplugins:HookProbe", *SHORT)
     resumed = _run(
         tmp_path, "slhub_testplugins:HookProbe", *SHORT, name="r", resume=out / "step_2.pt"
     )
-    assert RECORD["restore"] == [{"commits": 2}]
+    assert RECORD["load_state_dict"] == [{"commits": 2}]
     commits = [m["train/probe_commits"] for m in metrics_of(resumed) if "train/loss" in m]
     assert commits == [3, 4]
 

@@ -121,7 +121,7 @@ def test_on_commit_may_add_metrics_but_not_change_the_step(tmp_path: Path):
 
 class _SavesNumpy(SlDdpPlugin):
     @hookimpl
-    def save(self, trainer):
+    def state_dict(self, trainer):
         return {"counts": np.ones(3)}
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, TESTS, cli_error, subprocess_env, write_recipe
-from slhub import cli
+from slhub import cli, hookimpl, registry
+from slhub.errors import PluginError
 
 FAKE_DISTS = str(TESTS / "fake_dists")
 
@@ -84,7 +85,7 @@ def test_plugins_lists_builtins_and_their_hooks(capsys):
     assert code == 0, err
     rows = {line.split()[0]: line for line in out.splitlines()}
     assert "scale_loss" in rows["ddp_weighting"]
-    assert "save" in rows["recovery"] and "restore" in rows["recovery"]
+    assert "state_dict" in rows["recovery"] and "load_state_dict" in rows["recovery"]
     assert "validate" in rows["rank0_validation"]
     assert "nerd" in rows and "slhub 0.1.0" in rows["nerd"]
 
@@ -104,3 +105,21 @@ def test_distribution_providing_agrees_with_packages_distributions():
         found = distribution_providing(top)
         expected = table.get(top, [None])[0]
         assert (found.metadata["Name"] if found is not None else None) == expected, top
+
+
+class _OldNames:
+    @hookimpl
+    def save(self, trainer):
+        return {"x": 1}
+
+    @hookimpl
+    def restore(self, trainer, state):
+        pass
+
+
+def test_hooks_under_their_old_names_are_refused_naming_the_new_ones():
+    with pytest.raises(PluginError) as caught:
+        registry.build_manager("examples.sl_ddp.plugin:SlDdpPlugin", ["old"], {"old": _OldNames()})
+    message = str(caught.value)
+    assert "save -> state_dict" in message and "restore -> load_state_dict" in message
+    assert "\n" not in message

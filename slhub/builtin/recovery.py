@@ -18,7 +18,7 @@ from slhub import rng as rng_state
 
 
 @hookimpl(trylast=True)
-def save(trainer) -> dict[str, Any]:
+def state_dict(trainer) -> dict[str, Any]:
     return {
         "rng": rng_state.capture(trainer.device),
         "sampler": trainer.generator.get_state(),
@@ -29,7 +29,7 @@ def save(trainer) -> dict[str, Any]:
 
 
 @hookimpl(trylast=True)
-def restore(trainer, state: dict[str, Any]) -> None:
+def load_state_dict(trainer, state: dict[str, Any]) -> None:
     if "rng" in state:
         rng_state.restore(state["rng"], trainer.device)
     if "sampler" in state:
