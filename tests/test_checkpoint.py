@@ -15,6 +15,7 @@ import torch
 
 from conftest import SL_DDP, cli_error, load, run_cli
 from slhub import checkpoint, cli, rng, train
+from slhub.atomic import atomic_write
 from slhub.errors import ArtifactError, CheckpointError
 
 SHORT = ["trainer.steps=4", "trainer.validate_every=0", "trainer.save_every=2"]
@@ -260,18 +261,18 @@ def test_one_write_gives_every_name_the_bytes_and_a_later_write_replaces_one_nam
 
         monkeypatch.setattr(os, "link", no_links)
     first, second = b"step two bytes", b"step four bytes"
-    checkpoint.atomic_write_bytes(first, tmp_path / "last.pt", tmp_path / "step_2.pt")
+    atomic_write(first, tmp_path / "last.pt", tmp_path / "step_2.pt")
     assert (tmp_path / "last.pt").read_bytes() == first == (tmp_path / "step_2.pt").read_bytes()
     shared = (tmp_path / "last.pt").stat().st_ino == (tmp_path / "step_2.pt").stat().st_ino
     assert shared is links
-    checkpoint.atomic_write_bytes(second, tmp_path / "last.pt", tmp_path / "step_4.pt")
+    atomic_write(second, tmp_path / "last.pt", tmp_path / "step_4.pt")
     assert (tmp_path / "step_2.pt").read_bytes() == first
     assert (tmp_path / "last.pt").read_bytes() == second == (tmp_path / "step_4.pt").read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "step_2.pt", "step_4.pt"]
 
 
 def test_failed_rename_leaves_no_temporary_and_the_previous_files(tmp_path: Path, monkeypatch):
-    checkpoint.atomic_write_bytes(b"old", tmp_path / "last.pt", tmp_path / "step_2.pt")
+    atomic_write(b"old", tmp_path / "last.pt", tmp_path / "step_2.pt")
     real_replace = os.replace
 
     def fail_on_step(src, dst):
@@ -281,7 +282,7 @@ def test_failed_rename_leaves_no_temporary_and_the_previous_files(tmp_path: Path
 
     monkeypatch.setattr(os, "replace", fail_on_step)
     with pytest.raises(OSError, match="No space left"):
-        checkpoint.atomic_write_bytes(b"new", tmp_path / "last.pt", tmp_path / "step_4.pt")
+        atomic_write(b"new", tmp_path / "last.pt", tmp_path / "step_4.pt")
     # last.pt was replaced first (what --resume auto reads); nothing half-written remains
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "step_2.pt"]
     assert (tmp_path / "step_2.pt").read_bytes() == b"old"
@@ -293,25 +294,25 @@ def test_a_killed_writers_temporary_is_unlinked_never_written_into(tmp_path: Pat
     last.pt. A later writer with the same pid must not open that name for writing: it would
     change last.pt (and the checkpoint it shares its bytes with) in place."""
     last, step_5 = tmp_path / "last.pt", tmp_path / "step_5.pt"
-    checkpoint.atomic_write_bytes(b"step five", last, step_5)
+    atomic_write(b"step five", last, step_5)
     pid = os.getpid()
     os.link(last, tmp_path / f".step_7.pt.tmp-{pid}")  # what the killed writer left
     os.link(last, tmp_path / f".last.pt.tmp-{pid}")
-    checkpoint.atomic_write_bytes(b"step seven", last, tmp_path / "step_7.pt")
+    atomic_write(b"step seven", last, tmp_path / "step_7.pt")
     assert step_5.read_bytes() == b"step five"
     assert last.read_bytes() == b"step seven" == (tmp_path / "step_7.pt").read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "step_5.pt", "step_7.pt"]
 
 
 def test_a_link_failure_other_than_no_hard_links_fails_the_write(tmp_path: Path, monkeypatch):
-    checkpoint.atomic_write_bytes(b"old", tmp_path / "last.pt", tmp_path / "step_2.pt")
+    atomic_write(b"old", tmp_path / "last.pt", tmp_path / "step_2.pt")
 
     def broken_disk(src, dst):
         raise OSError(5, "Input/output error")
 
     monkeypatch.setattr(os, "link", broken_disk)
     with pytest.raises(OSError, match="Input/output error"):
-        checkpoint.atomic_write_bytes(b"new", tmp_path / "last.pt", tmp_path / "step_4.pt")
+        atomic_write(b"new", tmp_path / "last.pt", tmp_path / "step_4.pt")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "step_2.pt"]
     assert (tmp_path / "last.pt").read_bytes() == b"old"
 
