@@ -5,7 +5,9 @@ Only rank 0 calls anything here that touches the filesystem.
 - **One writer.** A run holds an exclusive ``flock`` on ``.slhub.lock`` for its
   whole life; the OS releases it when the process dies, so a crashed run never
   blocks its own requeue, and a live one is never joined by a second writer.
-- **run.json** is created exclusively and never rewritten.
+- **run.json** is created exclusively; the identity in it never changes. Its one
+  mutable entry, ``best`` (which update ``best.pt`` holds), is replaced atomically
+  whenever ``best.pt`` is (:func:`record_best`).
 - **metrics.jsonl** is append-only. A resume in place appends a marker
   ``{"step": k, "event": "resume", ...}``; :func:`read_metrics` returns the
   effective history, dropping records a marker superseded (updates after k that
@@ -29,6 +31,7 @@ import uuid
 from pathlib import Path
 from typing import Any, TextIO
 
+from slhub.atomic import atomic_write
 from slhub.errors import ArtifactError
 from slhub.paths import path_errors
 
@@ -192,6 +195,16 @@ def claim(folder: Path, identity: dict[str, Any]) -> None:
             f"{folder}: cannot write {RUN_FILE} into trainer.output_dir "
             f"({exc.strerror or exc}); choose a writable directory"
         ) from None
+
+
+def record_best(folder: Path, best: dict[str, Any]) -> None:
+    """Record in run.json which update ``best.pt`` holds (an atomic replace of the file,
+    its identity unchanged)."""
+    identity = read_identity(folder)
+    if identity is None:
+        raise ArtifactError(f"{folder}: no {RUN_FILE} to record the best checkpoint in")
+    text = json.dumps({**identity, "best": best}, indent=2, sort_keys=True, default=str) + "\n"
+    atomic_write(text, folder / RUN_FILE)
 
 
 def read_identity(folder: Path) -> dict[str, Any] | None:

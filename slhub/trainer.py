@@ -17,9 +17,11 @@
         if agreed.total_weight > 0: clip the gradient norm; optimizer.step()  # else skipped
         schedule.step()                                   # every update, skipped ones too
         on_commit(...); rank 0 appends the metrics line (train/loss, train/lr, ...), on_log
-        if boundary: committed = gather every rank's save() state      # collective, all ranks
+        if boundary: committed = gather every rank's state_dict()     # collective, all ranks
         if validation step and rank 0: validate(...), metrics line, on_log  # errors held
-        if save step and rank 0: write committed    # even if validation failed; errors held
+                          then rank 0's own entry of committed = its state_dict() again
+        if save step (or a new best) and rank 0: write committed, apply keep_last
+                          # even if validation failed; errors held (slhub.checkpoint)
         if agreed.stop: save this update (as at a save step) and leave the loop
     final agree(): surfaces an error held from the last boundary
     if stopped before the last update: every rank raises Preempted (exit status 75;
@@ -37,6 +39,7 @@ import math
 import warnings
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +47,10 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from slhub import checkpoint, distributed, log, rng
+from slhub import distributed, log, rng
 from slhub.artifacts import MetricsLog
-from slhub.errors import CheckpointError, PluginError, SlhubError
+from slhub.checkpoint import Checkpoint, CheckpointManager, files
+from slhub.errors import PluginError, SlhubError, one_line
 from slhub.hookspecs import LossResult
 from slhub.optim import MixedPrecision
 from slhub.preemption import Preempted, StopSignals
@@ -122,16 +126,10 @@ class Loop(TrainerBase):
         self.world_size = distributed.world_size()
         self.output_dir = Path(self.config.output_dir)
         self.step = 0
-        #: Set by the bootstrap before :meth:`fit`: the identity checkpoints carry
-        #: and, on rank 0, the metrics log.
-        self.identity: dict[str, Any] | None = None
+        #: The run's id, the metrics log (rank 0) and the stop signals: set by :meth:`fit`.
         self.run_id: str | None = None
         self.metrics: MetricsLog | None = None
-        #: Set by the bootstrap: the stop signals whose arrival ends the run at an update.
         self.stop_signals: StopSignals | None = None
-        self._committed: list[dict[str, Any]] | None = None
-        self._committed_step = -1
-        self._in_validation = False
         self._in_commit = False
         self._held: tuple[str, BaseException] | None = None
 
@@ -149,6 +147,8 @@ class Loop(TrainerBase):
         self.generator = torch.Generator().manual_seed(sampler_seed(self.config.seed, self.rank))
         rng.seed_everything(rng.derived_seed(self.config.seed, self.rank, "process"))
         self._objective = _Objective(self.model, self)
+        #: Owns the boundary cadence, the gather and every checkpoint write and load.
+        self.checkpoints = CheckpointManager(self, self.config)
         self._ddp: DistributedDataParallel | None = None
         self._buckets_rebuilt = True  # nothing to rebuild until fit() wraps the model in DDP
         #: The per-update hooks, resolved at :meth:`fit` for the plugins registered then.
@@ -175,43 +175,21 @@ class Loop(TrainerBase):
     def _sections(self) -> Mapping[str, Any]:
         return self.recipe.sections
 
-    # ----------------------------------------------------------------- resume
+    @property
+    def scaler(self) -> Any:
+        """The fp16 gradient scaler, or None."""
+        return self.precision.scaler
 
-    def load(self, ckpt: dict[str, Any]) -> None:
-        """Load model, optimizer and this rank's state from a checkpoint (every rank)."""
-        checkpoint.check_fits(ckpt, self.model, self.optimizer)
-        try:
-            self.model.load_state_dict(ckpt["model"])
-            self.optimizer.load_state_dict(ckpt["optimizer"])
-            saved = ckpt.get("scheduler") or {}
-            if self.scheduler is not None and saved.get("schedule") is not None:
-                self.scheduler.load_state_dict(saved["schedule"])
-            if self.precision.scaler is not None and saved.get("scaler") is not None:
-                self.precision.scaler.load_state_dict(saved["scaler"])
-        except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            reason = " ".join(str(exc).split())[:300]
-            raise CheckpointError(
-                f"checkpoint does not fit this recipe's model: {reason}"
-            ) from None
-        self.step = checkpoint.step_of(ckpt)
-        try:
-            self.hook.load_state_dict(trainer=self, state=checkpoint.rank_state(ckpt, self.rank))
-        except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
-            reason = " ".join(str(exc).split())[:200] or exc.__class__.__name__
-            raise CheckpointError(
-                f"checkpoint's state for rank {self.rank} cannot be restored "
-                f"({exc.__class__.__name__}: {reason})"
-            ) from None
-        if self.step >= self.config.steps:
-            raise CheckpointError(
-                f"checkpoint is at update {self.step} and trainer.steps is {self.config.steps}: "
-                "nothing to train; raise trainer.steps to continue"
-            )
+    def resume_from(self, ckpt: Checkpoint) -> None:
+        """Continue from ``ckpt`` (every rank): model, optimizer, schedule, plugins."""
+        self.checkpoints.apply(ckpt)
 
     # ------------------------------------------------------------------- loop
 
-    def fit(self) -> None:
+    def fit(self, run: RunContext) -> None:
         """Run updates ``step + 1 .. steps`` under the step protocol."""
+        self.run_id, self.metrics, self.stop_signals = run.run_id, run.metrics, run.stop_signals
+        self.checkpoints.bind(run.identity, run.metrics)
         if self.world_size > 1:
             with warnings.catch_warnings():
                 # torch 2.13 deprecates broadcast_buffers, but its replacement still
@@ -225,10 +203,9 @@ class Loop(TrainerBase):
                         broadcast_buffers=False,
                     )
                 except RuntimeError as exc:  # DDP compares the ranks' parameters (a collective)
-                    reason = " ".join(str(exc).split())[:300]
                     raise PluginError(
                         f"the ranks' models differ (build_model must build the same model on "
-                        f"every rank): DistributedDataParallel: {reason}"
+                        f"every rank): DistributedDataParallel: {one_line(exc)}"
                     ) from None
                 self._buckets_rebuilt = False
         self.calls = _Calls(self.plugins)  # the plugins registered now, for the whole run
@@ -250,8 +227,8 @@ class Loop(TrainerBase):
             if self.stop_signals is not None:
                 self.stop_signals.done = True
             raise Preempted(
-                f"preempted by a stop signal at update {stopped_at}: wrote step_{stopped_at}.pt "
-                f"and last.pt in {self.output_dir}",
+                f"preempted by a stop signal at update {stopped_at}: wrote "
+                f"{files.step_file(stopped_at)} and {files.LAST} in {self.output_dir}",
                 step=stopped_at,
             )
 
@@ -438,36 +415,46 @@ class Loop(TrainerBase):
         return torch.stack([p.reshape(-1)[:1].sum() for p in params]).sum() * 0.0
 
     def _boundary(self, step: int, save: bool = False) -> None:
-        cfg = self.config
-        validate_now = cfg.validate_every > 0 and step % cfg.validate_every == 0
-        save_now = save or (cfg.save_every > 0 and step % cfg.save_every == 0) or step == cfg.steps
-        if not (validate_now or save_now):
+        boundary = self.checkpoints.due(step, stop=save)
+        if boundary is None:
             return
-        self._gather_committed()
+        error = self.checkpoints.gather(self._local_state)
+        if error is not None:
+            log.failure("checkpoint state failed", error)
+            self._held = self._held or ("checkpoint I/O", error)
         if not self.is_main or self._held is not None:
             return
         failed_validation: BaseException | None = None
-        if validate_now:
+        best: float | None = None
+        if boundary.validate:
             try:
-                self._validate(step)
+                metrics = self._validate(step)
+                if self.checkpoints.improves(step, metrics):
+                    best = metrics[self.config.best.metric]
             except (Exception, SystemExit) as exc:  # noqa: BLE001 - held for the next agreement
                 log.failure("validation failed", exc)
                 failed_validation = exc
-        if save_now and self._committed is not None:  # None: another rank failed to gather
-            try:  # the committed update is saved even when its validation failed
-                self._write(f"step_{step}.pt")
+            try:  # the checkpoint holds what validate changed (only rank 0 validates)
+                self.checkpoints.refresh_own(self._local_state)
             except Exception as exc:  # noqa: BLE001 - held for the next agreement
-                LOG.error("checkpoint write failed", error=str(exc))
+                log.failure("checkpoint state failed", exc)
                 self._held = ("checkpoint I/O", exc)
+                return
+        try:  # the committed update is saved even when its validation failed
+            self.checkpoints.write_boundary(step, save=boundary.save, best_value=best)
+        except Exception as exc:  # noqa: BLE001 - held for the next agreement
+            LOG.error("checkpoint write failed", error=one_line(exc))
+            self._held = ("checkpoint I/O", exc)
         if failed_validation is not None:
             self._held = ("validation", failed_validation)
 
-    def _validate(self, step: int) -> None:
-        self._in_validation = True
+    def _validate(self, step: int) -> dict[str, Any]:
+        """Rank 0: every plugin's ``validate``, logged; returns the metrics line."""
+        self.checkpoints.in_validation = True
         try:
             results = self.hook.validate(trainer=self, model=self.model, step=step)
         finally:
-            self._in_validation = False
+            self.checkpoints.in_validation = False
         merged: dict[str, Any] = {}
         for part in results:
             if part:
@@ -475,6 +462,7 @@ class Loop(TrainerBase):
         if merged:
             LOG.info("validation", **{k.split("/", 1)[1]: v for k, v in merged.items()})
             self._log_line({"step": step, **merged})
+        return merged
 
     def _log_line(self, line: dict[str, Any]) -> None:
         """Rank 0: append a metrics line, then hand it to the loggers (``on_log``)."""
@@ -491,15 +479,8 @@ class Loop(TrainerBase):
 
     # ------------------------------------------------------------------ saving
 
-    def _gather_committed(self) -> None:
-        """Gather every rank's ``save`` state of the committed update (a collective)."""
-        states, error = checkpoint.gather_rank_states(self._local_state)
-        if error is not None:
-            LOG.error("checkpoint state failed", error=str(error))
-            self._held = self._held or ("checkpoint I/O", error)
-        self._committed, self._committed_step = states, self.step
-
     def _local_state(self) -> dict[str, Any]:
+        """This rank's ``state_dict`` contributions, every plugin's merged."""
         local: dict[str, Any] = {}
         for part in self.calls.state_dict(trainer=self):
             for key, value in (part or {}).items():
@@ -512,9 +493,9 @@ class Loop(TrainerBase):
         """Write a checkpoint of the committed state (``step_N.pt`` by default) and last.pt.
 
         From a ``validate`` implementation (rank 0) this writes the state gathered
-        at the boundary before validation and issues no collective. Anywhere else
-        every rank must call it: it gathers every rank's state first. Returns the
-        path on rank 0, None elsewhere.
+        at the boundary (rank 0's own taken now) and issues no collective. Anywhere
+        else every rank must call it: it gathers every rank's state first. Returns
+        the path on rank 0, None elsewhere.
         """
         if self._in_commit:  # ranks reach on_commit at different times: it would hang
             raise PluginError(
@@ -522,35 +503,19 @@ class Loop(TrainerBase):
                 "call collectives; call it from validate (rank 0) or at the same point on "
                 "every rank"
             )
-        if not self._in_validation:
-            self._gather_committed()
-        if not self.is_main:
-            return None
-        return self._write(name or f"step_{self._committed_step}.pt")
+        return self.checkpoints.save(self._local_state, name)
 
-    def _write(self, name: str) -> Path:
-        if self._committed is None:
-            raise SlhubError(f"no committed state to write to {name}: a rank failed to gather")
-        assert self.identity is not None
-        ckpt = checkpoint.build(
-            step=self._committed_step,
-            run=self.identity,
-            model=self.model.state_dict(),
-            optimizer=self.optimizer.state_dict(),
-            scheduler={
-                "schedule": self.scheduler.state_dict() if self.scheduler is not None else None,
-                "scaler": scaler.state_dict() if (scaler := self.precision.scaler) else None,
-            },
-            ranks=self._committed,
-        )
-        path = self.output_dir / name
-        # last.pt first: it is what --resume auto continues from, so a kill between the
-        # two writes must not leave step_N.pt without a last.pt (nor last.pt behind it)
-        checkpoint.save_checkpoint(ckpt, self.output_dir / "last.pt", path)
-        if self.metrics is not None:
-            self.metrics.sync()
-        LOG.info("checkpoint", file=name)
-        return path
+
+@dataclass(frozen=True)
+class RunContext:
+    """What the bootstrap hands the loop once the run directory is open: the identity
+    checkpoints carry and the metrics log (rank 0; None elsewhere), the run id (every
+    rank) and the stop signals installed for the run."""
+
+    run_id: str | None
+    identity: dict[str, Any] | None
+    metrics: MetricsLog | None
+    stop_signals: StopSignals | None
 
 
 class _Calls:

@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import SL_DDP, cli_error, load, run_cli
+from helpers import SL_DDP, cli_error, load, run_cli
 from slhub import checkpoint, cli, rng, train
 from slhub.atomic import atomic_write
+from slhub.checkpoint import files
+from slhub.checkpoint.gather import snapshot
 from slhub.errors import ArtifactError, CheckpointError
 
 SHORT = ["trainer.steps=4", "trainer.validate_every=0", "trainer.save_every=2"]
@@ -39,7 +41,7 @@ def test_failure_mid_write_leaves_previous_last_intact(run_dir: Path, tmp_path: 
 
     monkeypatch.setattr(os, "fsync", torn_write)
     with pytest.raises(OSError, match="No space left"):
-        checkpoint.save_checkpoint(load(folder / "step_2.pt"), folder / "last.pt")
+        files.write(files.serialize(checkpoint.load(folder / "step_2.pt")), folder / "last.pt")
     monkeypatch.setattr(os, "fsync", real_fsync)
     assert (folder / "last.pt").read_bytes() == before
     assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in run_dir.iterdir())
@@ -49,7 +51,7 @@ def test_truncated_checkpoint_is_refused_with_one_line(capsys, run_dir: Path, tm
     damaged = tmp_path / "damaged.pt"
     damaged.write_bytes((run_dir / "last.pt").read_bytes()[:5000])
     with pytest.raises(CheckpointError, match="damaged or not a checkpoint"):
-        checkpoint.load_checkpoint(damaged)
+        checkpoint.load(damaged)
     out = tmp_path / "resumed"
     line = cli_error(
         capsys,
@@ -69,26 +71,26 @@ def test_checkpoint_that_needs_pickle_is_refused(tmp_path: Path):
     evil = tmp_path / "evil.pt"
     torch.save({"step": 1, "model": {}, "optimizer": {}, "rng": Path("/")}, evil)
     with pytest.raises(CheckpointError, match="needs pickle to load"):
-        checkpoint.load_checkpoint(evil)
+        checkpoint.load(evil)
 
 
 def test_foreign_and_unknown_layouts_are_refused(tmp_path: Path):
     foreign = tmp_path / "foreign.pt"
     torch.save({"format": "other.checkpoint/9", "state_dict": {}}, foreign)
     with pytest.raises(CheckpointError, match="foreign checkpoint format 'other.checkpoint/9'"):
-        checkpoint.load_checkpoint(foreign)
+        checkpoint.load(foreign)
     bare = tmp_path / "bare.pt"
     torch.save({"state_dict": {}}, bare)
     with pytest.raises(CheckpointError, match=r"not a slhub checkpoint \(keys: state_dict\)"):
-        checkpoint.load_checkpoint(bare)
+        checkpoint.load(bare)
     with pytest.raises(CheckpointError, match="no such checkpoint file"):
-        checkpoint.load_checkpoint(tmp_path / "absent.pt")
+        checkpoint.load(tmp_path / "absent.pt")
 
 
 def test_v1_resumes_into_a_fresh_directory_only(run_dir: Path, tmp_path: Path):
     v1 = tmp_path / "v1.pt"
-    torch.save(checkpoint.to_v1(load(run_dir / "step_2.pt")), v1)
-    assert checkpoint.version_of(checkpoint.load_checkpoint(v1)) == 1
+    torch.save(checkpoint.load(run_dir / "step_2.pt").to_v1(), v1)
+    assert checkpoint.load(v1).version == 1
     out = tmp_path / "from_v1"
     train(str(SL_DDP), [*SHORT, f"trainer.output_dir={out}"], resume=str(v1))
     resumed = load(out / "last.pt")
@@ -97,7 +99,7 @@ def test_v1_resumes_into_a_fresh_directory_only(run_dir: Path, tmp_path: Path):
         "run_id": None,
         "step": 2,
         "checkpoint": str(v1),
-        "sha256": checkpoint.sha256_file(v1),
+        "sha256": files.sha256_file(v1),
     }
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == [3, 4]
@@ -164,7 +166,7 @@ def test_inspect_describes_a_checkpoint(capsys, run_dir: Path):
 
 
 def test_json_logs_carry_run_identity(tmp_path: Path):
-    """In a separate process (conftest.run_cli): every line it writes to stderr is checked."""
+    """In a separate process (helpers.run_cli): every line it writes to stderr is checked."""
     out = tmp_path / "logged"
     proc = run_cli(
         "train",
@@ -192,7 +194,7 @@ def test_rng_state_survives_a_weights_only_checkpoint(tmp_path: Path, legacy: bo
     """Every stream continues exactly from a captured state after a weights-only save and
     load; python's state words as a tensor, or as the tuple of ints older checkpoints hold."""
     rng.seed_everything(7)
-    state = rng.capture(torch.device("cpu"))
+    state = rng.random_state(torch.device("cpu"))
     assert isinstance(state["python"][1], torch.Tensor) and state["python"][1].numel() == 625
     if legacy:
         version, words, gauss = state["python"]
@@ -200,14 +202,15 @@ def test_rng_state_survives_a_weights_only_checkpoint(tmp_path: Path, legacy: bo
     expected = (random.random(), np.random.rand(), torch.rand(3))
     torch.save({"rng": state}, tmp_path / "s.pt")
     random.random(), np.random.rand(), torch.rand(3)  # move every stream on
-    rng.restore(torch.load(tmp_path / "s.pt", weights_only=True)["rng"], torch.device("cpu"))
+    saved = torch.load(tmp_path / "s.pt", weights_only=True)["rng"]
+    rng.set_random_state(saved, torch.device("cpu"))
     again = (random.random(), np.random.rand(), torch.rand(3))
     assert again[:2] == expected[:2] and torch.equal(again[2], expected[2])
 
 
 def test_preserved_leaves_every_stream_where_it_was():
     rng.seed_everything(3)
-    with rng.preserved(torch.device("cpu")):
+    with rng.preserved_random_state(torch.device("cpu")):
         random.random(), np.random.rand(), torch.rand(5)
     after = (random.random(), np.random.rand(), torch.rand(5))
     rng.seed_everything(3)
@@ -231,7 +234,7 @@ def test_rank_state_snapshot_is_untouched_by_later_changes_to_the_live_state():
         "computed": torch.ones(2, requires_grad=True) * 2,  # a non-leaf: deepcopy refuses it
         "ordered": OrderedDict(grad=torch.ones(1, requires_grad=True) * 3),
     }
-    copy = checkpoint.snapshot(live)
+    copy = snapshot(live)
     assert copy["computed"].is_leaf and copy["computed"].requires_grad
     assert torch.equal(copy["computed"].detach(), torch.full((2,), 2.0))
     live["weights"].add_(10)
@@ -341,7 +344,7 @@ def test_a_flipped_byte_in_a_tensor_fails_its_crc_check(capsys, run_dir: Path, t
     silently = torch.load(flipped, weights_only=True)["model"]["0.weight"]
     assert not torch.equal(silently, weight)  # what the check prevents
     with pytest.raises(CheckpointError, match=r"/data/\d+ fails its CRC-32 check"):
-        checkpoint.load_checkpoint(flipped)
+        checkpoint.load(flipped)
     assert "damaged checkpoint" in cli_error(capsys, "inspect", str(flipped))
     assert "fails its CRC-32 check" in _resume_error(capsys, flipped, tmp_path / "resumed")
 

@@ -1,0 +1,245 @@
+"""The checkpoint manager: when a boundary gathers and writes, what it writes, what is kept.
+
+One manager per rank (torchtitan's CheckpointManager role). The loop calls
+:meth:`CheckpointManager.due` after every update and, at a boundary,
+:meth:`~CheckpointManager.gather` (a collective on every rank), then on rank 0
+:meth:`~CheckpointManager.refresh_own` after validation and
+:meth:`~CheckpointManager.write_boundary`. On resume
+:meth:`~CheckpointManager.apply` loads a checkpoint into the loop's model,
+optimizer, schedule, scaler and plugins. ``Trainer.save()`` is
+:meth:`~CheckpointManager.save`.
+
+Retention: with ``trainer.keep_last: N`` the N newest boundary ``step_N.pt`` files
+are kept (an older one is removed only after the newer write is durable;
+``last.pt`` is always kept); with ``trainer.best`` the checkpoint of the boundary
+whose validation was best so far is ``best.pt`` (one write, hard-linked to the
+boundary's other names). What the policies did is part of every checkpoint
+(:class:`~slhub.checkpoint.schema.Retention`), so a resumed run keeps, deletes
+and picks exactly what the uninterrupted run would.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+import slhub.checkpoint.files as files
+from slhub import log
+from slhub.artifacts import MetricsLog, record_best
+from slhub.checkpoint.gather import gather_rank_states, snapshot
+from slhub.checkpoint.schema import Checkpoint, Retention, check_fits, check_state_loadable
+from slhub.errors import CheckpointError, SlhubError, one_line
+from slhub.recipe import TrainerConfig
+
+LOG = log.get_logger()
+
+#: ``local_state() -> {key: state}``: this rank's merged ``state_dict`` contributions.
+LocalState = Callable[[], dict[str, Any]]
+
+
+class Owner(Protocol):
+    """What the manager reads from the loop it checkpoints."""
+
+    rank: int
+    step: int
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    hook: Any
+
+    @property
+    def scaler(self) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """What happens after an update: validate, save, or both."""
+
+    validate: bool
+    save: bool
+
+
+class CheckpointManager:
+    """Cadence, rank-state gather, committed snapshot, writes and retention of one rank."""
+
+    def __init__(self, owner: Owner, config: TrainerConfig) -> None:
+        self._owner = owner
+        self.config = config
+        self.output_dir = Path(config.output_dir)
+        self.retention = Retention()
+        #: Set by the bootstrap on rank 0 (:meth:`bind`): the identity checkpoints carry
+        #: and the metrics log synced after each write.
+        self.identity: dict[str, Any] | None = None
+        self._metrics: MetricsLog | None = None
+        self._committed: list[dict[str, Any] | None] | None = None
+        self._committed_step = -1
+        #: True while rank 0 validates: ``save()`` then writes what was gathered.
+        self.in_validation = False
+
+    def bind(self, identity: dict[str, Any] | None, metrics: MetricsLog | None) -> None:
+        """Rank 0: the run identity and metrics log of the opened run directory."""
+        self.identity, self._metrics = identity, metrics
+
+    # ---------------------------------------------------------------- cadence
+
+    def due(self, step: int, stop: bool = False) -> Boundary | None:
+        """The boundary after update ``step``, or None: validation every
+        ``validate_every``, a checkpoint every ``save_every``, at the last update and
+        when the run stops."""
+        cfg = self.config
+        validate = cfg.validate_every > 0 and step % cfg.validate_every == 0
+        save = stop or (cfg.save_every > 0 and step % cfg.save_every == 0) or step == cfg.steps
+        return Boundary(validate, save) if validate or save else None
+
+    # ------------------------------------------------------------ the gather
+
+    def gather(self, local_state: LocalState) -> BaseException | None:
+        """Gather every rank's state of the committed update to rank 0 (a collective on
+        every rank). Returns this rank's own failure."""
+        self._committed, error = gather_rank_states(local_state)
+        self._committed_step = self._owner.step
+        return error
+
+    def refresh_own(self, local_state: LocalState) -> None:
+        """Rank 0: take its own entry again, after validation, so what ``validate``
+        changed is what this boundary's checkpoint holds (no collective)."""
+        if self._committed is not None:
+            self._committed[0] = snapshot(local_state())
+
+    # ---------------------------------------------------------------- writes
+
+    def improves(self, step: int, metrics: dict[str, Any]) -> bool:
+        """Whether this validation is the best so far under ``trainer.best``.
+
+        :raises SlhubError: the metric is not among this validation's results.
+        """
+        best = self.config.best
+        if best is None:
+            return False
+        if best.metric not in metrics:
+            shown = ", ".join(sorted(metrics)) or "none"
+            raise SlhubError(
+                f"trainer.best.metric {best.metric} is not among the validation metrics of "
+                f"update {step} ({shown})"
+            )
+        value = metrics[best.metric]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise SlhubError(f"trainer.best.metric {best.metric} is {value!r}, not a number")
+        if not math.isfinite(value):
+            return False
+        current = self.retention.best_value
+        if current is None:
+            return True
+        return value < current if best.mode == "min" else value > current
+
+    def write_boundary(self, step: int, *, save: bool, best_value: float | None) -> None:
+        """Rank 0: write the committed state of boundary ``step``: ``last.pt`` and
+        ``step_N.pt`` when ``save``, ``best.pt`` when ``best_value`` is a new best (one
+        write, the other names hard links), then apply ``keep_last``. Writes nothing when
+        another rank failed to gather (its own error fails the run at the agreement)."""
+        if self._committed is None:
+            return
+        kept, purge = self.retention.kept, ()
+        names: list[str] = []
+        if save:
+            names = [files.LAST, files.step_file(step)]
+            if self.config.keep_last is not None:
+                candidates = (*kept, step)
+                kept = candidates[-self.config.keep_last :]
+                purge = tuple(s for s in candidates if s not in kept)
+        retention = Retention(kept, self.retention.best_step, self.retention.best_value)
+        if best_value is not None:
+            retention = Retention(kept, step, best_value)
+            names.insert(1, files.BEST)  # after last.pt, before step_N.pt
+        if not names:
+            return
+        self._write(names, retention)
+        self.retention = retention
+        for old in purge:  # only now: the newer checkpoint is durable
+            (self.output_dir / files.step_file(old)).unlink(missing_ok=True)
+        if best_value is not None:
+            assert self.config.best is not None
+            record_best(
+                self.output_dir,
+                {"step": step, "metric": self.config.best.metric, "value": best_value,
+                 "file": files.BEST},
+            )  # fmt: skip
+        shown = [n for n in names if n != files.LAST] or names
+        LOG.info("checkpoint", file=",".join(shown))
+
+    def save(self, local_state: LocalState, name: str | None = None) -> Path | None:
+        """``Trainer.save()``: the committed state as ``name`` (default ``step_N.pt``) and
+        ``last.pt``. From ``validate`` (rank 0) it writes what the boundary gathered, rank
+        0's own as it was before validation; anywhere else it gathers first (a
+        collective). Returns the path on rank 0, None elsewhere."""
+        if not self.in_validation:
+            error = self.gather(local_state)
+            if error is not None:
+                raise error
+        if self._owner.rank != 0:
+            return None
+        name = name or files.step_file(self._committed_step)
+        self._write([files.LAST, name], self.retention)
+        LOG.info("checkpoint", file=name)
+        return self.output_dir / name
+
+    def _write(self, names: list[str], retention: Retention) -> None:
+        if self._committed is None:
+            raise SlhubError(f"no committed state to write to {names[-1]}: a rank failed to gather")
+        assert self.identity is not None
+        owner = self._owner
+        ranks = self._committed
+        check_state_loadable(ranks)
+        scaler = owner.scaler
+        ckpt = Checkpoint(
+            step=self._committed_step,
+            run=self.identity,
+            model=owner.model.state_dict(),
+            optimizer=owner.optimizer.state_dict(),
+            schedule=owner.scheduler.state_dict() if owner.scheduler is not None else None,
+            scaler=scaler.state_dict() if scaler is not None else None,
+            ranks=ranks,
+            retention=retention,
+        )
+        # last.pt first: it is what --resume auto continues from, so a kill between the
+        # names must not leave step_N.pt without a last.pt (nor last.pt behind it)
+        files.write(files.serialize(ckpt), *(self.output_dir / name for name in names))
+        if self._metrics is not None:
+            self._metrics.sync()
+
+    # ---------------------------------------------------------------- resume
+
+    def apply(self, ckpt: Checkpoint) -> None:
+        """Load ``ckpt`` into the owner's model, optimizer, schedule, scaler and plugins
+        (every rank) and continue its retention."""
+        owner = self._owner
+        check_fits(ckpt, owner.model, owner.optimizer)
+        try:
+            owner.model.load_state_dict(ckpt.model)
+            owner.optimizer.load_state_dict(ckpt.optimizer)
+            if owner.scheduler is not None and ckpt.schedule is not None:
+                owner.scheduler.load_state_dict(ckpt.schedule)
+            if owner.scaler is not None and ckpt.scaler is not None:
+                owner.scaler.load_state_dict(ckpt.scaler)
+        except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise CheckpointError(
+                f"checkpoint does not fit this recipe's model: {one_line(exc)}"
+            ) from None
+        owner.step = ckpt.step
+        try:
+            owner.hook.load_state_dict(trainer=owner, state=ckpt.rank_state(owner.rank))
+        except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
+            raise CheckpointError(
+                f"checkpoint's state for rank {owner.rank} cannot be restored ({one_line(exc)})"
+            ) from None
+        if ckpt.step >= self.config.steps:
+            raise CheckpointError(
+                f"checkpoint is at update {ckpt.step} and trainer.steps is {self.config.steps}: "
+                "nothing to train; raise trainer.steps to continue"
+            )
+        self.retention = ckpt.retention
