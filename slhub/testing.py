@@ -13,6 +13,9 @@
   final checkpoints bit for bit: model, optimizer, schedule and every rank's
   state. Its :class:`ResumeCheck` also validates the final weights again
   (:meth:`ResumeCheck.revalidate`), to compare with what the run logged.
+- :func:`check_resume_and_revalidate` is both, with the checks a model
+  package's example recipe needs: the checkpoint is its model and reproduces
+  the validation the run logged.
 - :func:`assert_tree_equal` is the exact comparison it uses (``torch.equal``
   for tensors).
 """
@@ -47,6 +50,7 @@ __all__ = [
     "StandInTrainer",
     "StopAt",
     "assert_tree_equal",
+    "check_resume_and_revalidate",
     "check_resume_exact",
     "hooks_of",
     "sampler_generator",
@@ -386,4 +390,65 @@ def check_resume_exact(
     expected, actual = check.final("uninterrupted"), check.final("resumed")
     for key in STATE_KEYS:
         assert_tree_equal(expected.get(key), actual.get(key), key)
+    return check
+
+
+def check_resume_and_revalidate(
+    recipe: str | Path,
+    plugin: Any,
+    *,
+    stop_at: int,
+    workdir: str | Path,
+    rel_tol: float = 1e-6,
+    abs_tol: float = 1e-12,
+    **resume: Any,
+) -> ResumeCheck:
+    """:func:`check_resume_exact`, then check that the checkpoint is ``plugin``'s model.
+
+    Why: equal final checkpoints prove that the resumed run continued the
+    uninterrupted one, not that the weights are this plugin's model or that the
+    validation the run logged is what they compute; every model package's
+    example-recipe test needs both, so they live here once. Checked: the final
+    checkpoints are at ``trainer.steps`` and ``stop_at``; the run records
+    ``plugin``'s class (``module:Class``) as its model plugin, on ``workers``
+    ranks, and :class:`StopAt` as its last extra plugin; both runs log the same
+    records after ``stop_at``, validating exactly every ``validate_every``
+    updates (at least once); and :meth:`ResumeCheck.revalidate`, on a
+    :class:`StandInTrainer` holding the run's recorded ``trainer`` keys and
+    ``plugin``'s sections, gives the last logged validation: the same metric
+    names, each within ``rel_tol``/``abs_tol``. ``resume`` goes to
+    :func:`check_resume_exact` (``workers``, ``overrides``, ``cwd``,
+    ``in_process``...). Returns its :class:`ResumeCheck`.
+    """
+    check = check_resume_exact(recipe, stop_at=stop_at, workdir=workdir, **resume)
+    final, stopped = check.final("resumed"), check.final("stopped")
+    run = final["run"]
+    recorded = run["recipe"]
+    config = recorded["trainer"]
+    steps, every = config["steps"], config.get("validate_every", 0)
+    assert (final["step"], stopped["step"]) == (steps, stop_at), (final["step"], stopped["step"])
+    assert run["world_size"] == resume.get("workers", 1), run["world_size"]
+    kind = type(plugin)
+    plugins = [(p["name"], p["object"], p["role"]) for p in run["source"]["plugins"]]
+    model = (recorded["plugin"], f"{kind.__module__}:{kind.__qualname__}", "model")
+    stop = ("slhub.testing:StopAt", "slhub.testing:StopAt", "extra")
+    names = [recorded["plugin"], *recorded.get("plugins", [])]
+    assert [p[0] for p in plugins] == names and plugins[0] == model, plugins
+    assert plugins[-1] == stop and all(p[2] == "extra" for p in plugins[1:]), plugins
+    later = check.metrics_after("uninterrupted", stop_at)
+    assert later == check.metrics_after("resumed", stop_at), "the runs log differently"
+    validated = [s for s in range(stop_at + 1, steps + 1) if every and s % every == 0]
+    logged_at = [r["step"] for r in later if any(k.startswith("validation/") for k in r)]
+    assert logged_at == validated, (logged_at, validated)
+    if not validated:
+        raise ValueError(f"the recipe validates no update after {stop_at}: nothing to compare")
+    declared = plugin.recipe_sections() if hasattr(plugin, "recipe_sections") else {}
+    sections = {name: recorded[name] for name in declared or {} if name in recorded}
+    trainer = StandInTrainer(plugin, sections, **config)
+    metrics, logged = check.revalidate(plugin, trainer, step=validated[-1])
+    assert set(logged) == {"step", *(f"validation/{key}" for key in metrics)}, (logged, metrics)
+    for key, value in metrics.items():
+        expected = logged[f"validation/{key}"]
+        tolerance = max(rel_tol * abs(expected), abs_tol)
+        assert abs(value - expected) <= tolerance, f"validation/{key}: {value} != {expected}"
     return check

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, SL_DDP, cli_error, load, metrics_of, subprocess_env
-from conftest import write_recipe as _write
+from helpers import REPO, SL_DDP, cli_error, load, metrics_of, subprocess_env
+from helpers import write_recipe as _write
 from slhub import cli, train
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import slhub
-from conftest import REPO, TESTS, cli_error, load, metrics_of, run_cli, write_recipe
+from helpers import REPO, TESTS, cli_error, load, metrics_of, run_cli, write_recipe
 from slhub import cli
 from slhub.testing import check_resume_exact
 
@@ -88,7 +88,7 @@ def test_extra_plugins_are_called_and_resume_bit_exact(tmp_path: Path, workers: 
 
 def test_calling_order_follows_the_recipe(tmp_path: Path):
     """Listed before commit_log, the tap runs first and does not see its metric. End to end:
-    a separate ``slhub train`` process (conftest.run_cli) finds commit_log's distribution
+    a separate ``slhub train`` process (helpers.run_cli) finds commit_log's distribution
     on PYTHONPATH."""
     recipe = _recipe(
         tmp_path, plugins=list(reversed(EXTRAS)), trainer__output_dir=str(tmp_path / "o")

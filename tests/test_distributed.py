@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import (
+from helpers import (
     REPO,
     SL_DDP,
     assert_tree_equal,

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import SL_DDP, assert_tree_equal, free_port, load, metrics_of, torchrun_env
+from helpers import SL_DDP, assert_tree_equal, free_port, load, metrics_of, torchrun_env
 from slhub import distributed_run, train
 from slhub.errors import SlhubError
 

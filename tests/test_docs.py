@@ -12,7 +12,7 @@ from types import ModuleType
 
 import pytest
 
-from conftest import REPO
+from helpers import REPO
 
 DOCS = REPO / "docs"
 #: Public modules whose ``__all__`` the docs must cover.

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, SL_DDP, load, metrics_of, one_line_error, run_cli
+from helpers import REPO, SL_DDP, load, metrics_of, one_line_error, run_cli
 from slhub import hookimpl, hookspecs, train
 from slhub.errors import PluginError, RankFailure, RecipeError, SlhubError
 from slhub.testing import check_resume_exact, sampler_generator

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from torch.overrides import TorchFunctionMode
 
-from conftest import SL_DDP
 from examples.sl_ddp.plugin import SlDdpPlugin, masked_mse
+from helpers import SL_DDP
 from slhub import LossResult, hookimpl, train
 
 #: Tensor methods that bring a value to the host (on a GPU: wait for the device).

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, free_port, load, metrics_of, subprocess_env, torchrun_env, write_recipe
+from helpers import REPO, free_port, load, metrics_of, subprocess_env, torchrun_env, write_recipe
 from slhub.preemption import EXIT_PREEMPTED
 from slhub.testing import STATE_KEYS, STOP_AT_ENV, assert_tree_equal
 

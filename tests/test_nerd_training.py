@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import slhub
-from conftest import (
+from helpers import (
     REPO,
     assert_tree_equal,
     cli_error,

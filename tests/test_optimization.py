@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import (
+from examples.sl_ddp.plugin import masked_mse
+from helpers import (
     REPO,
     cli_error,
     launch_workers,
@@ -20,7 +21,6 @@ from conftest import (
     warm_launcher,
     write_recipe,
 )
-from examples.sl_ddp.plugin import masked_mse
 from slhub.optim import ScheduleSection, build_schedule, lr_multiplier
 from slhub.testing import StandInTrainer, check_resume_exact, hooks_of, sampler_generator
 from slhub_testplugins import AccumulationProbe

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import SL_DDP, load
 from examples.sl_ddp.plugin import SlDdpPlugin
+from helpers import SL_DDP, load
 from slhub import LossResult, hookimpl, train
 from slhub.errors import PluginError, RankFailure
 

@@ -10,7 +10,7 @@ import torch
 import yaml
 
 import slhub
-from conftest import REPO, load, metrics_of, write_recipe
+from helpers import REPO, load, metrics_of, write_recipe
 from slhub.distributed import resolve_device
 from slhub.testing import STATE_KEYS, assert_tree_equal
 

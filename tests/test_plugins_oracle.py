@@ -31,7 +31,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import REPO, load, run_torchrun, write_recipe
+from helpers import REPO, load, run_torchrun, write_recipe
 from slhub.optim import OptimSection, ScheduleSection, build_optimizer, build_schedule
 from slhub.registry import resolve
 from slhub.testing import StandInTrainer, hooks_of, sampler_generator

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import REPO, load
+from helpers import REPO, load
 from slhub.testing import STATE_KEYS, STOP_AT_ENV, assert_tree_equal
 
 #: Every test here is slow (cross-process, seconds to minutes): `python -m pytest -m slow`.

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (
+from helpers import (
     REPO,
     free_port,
     load,

@@ -13,8 +13,8 @@ import torch
 import yaml
 
 import slhub
-from conftest import REPO, SL_DDP, load, metrics_of, one_line_error, run_cli, write_recipe
 from examples.sl_ddp.plugin import SlDdpPlugin
+from helpers import REPO, SL_DDP, load, metrics_of, one_line_error, run_cli, write_recipe
 from slhub import hookimpl
 from slhub.errors import RecipeError
 from slhub.recipe import load_recipe

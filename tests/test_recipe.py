@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SL_DDP, cli_error, one_line_error, run_cli, write_recipe
+from helpers import SL_DDP, cli_error, one_line_error, run_cli, write_recipe
 from slhub.errors import RecipeError
 from slhub.recipe import apply_overrides, load_recipe, recipe_differences
 
@@ -76,6 +76,6 @@ def test_bad_recipes_exit_2_with_one_line(capsys, tmp_path: Path, case: str, exp
 
 
 def test_unknown_cli_option_exits_2():
-    """End to end, in a separate process (conftest.run_cli): argparse's exit is one line, 2."""
+    """End to end, in a separate process (helpers.run_cli): argparse's exit is one line, 2."""
     proc = run_cli("train", "--config", str(SL_DDP), "--bogus")
     assert one_line_error(proc).startswith("slhub: error: unrecognized arguments: --bogus")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TESTS, cli_error, subprocess_env, write_recipe
+from helpers import REPO, TESTS, cli_error, subprocess_env, write_recipe
 from slhub import cli, hookimpl, registry
 from slhub.errors import PluginError
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, cli_error, load, write_recipe
+from helpers import REPO, cli_error, load, write_recipe
 from slhub import cli
 from slhub.artifacts import read_metrics
 

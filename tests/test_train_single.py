@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (
+from helpers import (
     REPO,
     SL_DDP,
     assert_tree_equal,
@@ -76,7 +76,7 @@ def test_same_command_into_used_directory_exits_2_and_leaves_it_unchanged(capsys
 
 
 def test_resume_into_fresh_directory_is_exact(trained: Path, tmp_path: Path):
-    """End to end: ``slhub train --resume`` in a separate process (conftest.run_cli)
+    """End to end: ``slhub train --resume`` in a separate process (helpers.run_cli)
     continues the run trained in this one bit for bit."""
     fresh = tmp_path / "E"
     proc = run_cli(

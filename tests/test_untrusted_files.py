@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, SL_DDP, load, one_line_error, subprocess_env, write_recipe
+from helpers import REPO, SL_DDP, load, one_line_error, subprocess_env, write_recipe
 from slhub import cli, train
 
 PAYLOAD = """from pathlib import Path

@@ -7,7 +7,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 from slhub import LossResult
-from slhub.testing import check_resume_exact, hooks_of
+from slhub.testing import check_resume_and_revalidate, hooks_of
 
 from slhub_rigidformer.plugin import RigidFormerPlugin, RigidFormerSection
 from slhub_rigidformer.scenes import simulate
@@ -108,12 +108,13 @@ def test_validate_and_float64(make_trainer):
 # ------------------------------------------------------------------ the example recipe
 
 
-def test_example_recipe_resumes_bit_exactly(tmp_path, repo, make_trainer):
+def test_example_recipe_resumes_bit_exactly(tmp_path, repo):
     """examples/rigidformer/boxes.yaml, made tiny, stopped after update 2 and resumed on one
     process, ends bit for bit where the uninterrupted run ends (model, optimizer, every
     rank's state); the checkpoint is this package's model and logs its validation."""
-    check = check_resume_exact(
+    check_resume_and_revalidate(
         repo / "examples/rigidformer/boxes.yaml",
+        RigidFormerPlugin(),
         stop_at=2,
         workdir=tmp_path,
         workers=1,
@@ -134,23 +135,3 @@ def test_example_recipe_resumes_bit_exactly(tmp_path, repo, make_trainer):
             "rigidformer.model.ff=32",
         ],
     )
-    final, stopped = check.final("resumed"), check.final("stopped")
-    assert final["step"] == 4 and stopped["step"] == 2
-    run = final["run"]
-    assert run["recipe"]["plugin"] == "rigidformer" and run["world_size"] == 1
-    # check_resume_exact stops and resumes with the extra plugin StopAt, so it is recorded
-    assert [(p["name"], p["object"], p["role"]) for p in run["source"]["plugins"]] == [
-        ("rigidformer", "slhub_rigidformer.plugin:RigidFormerPlugin", "model"),
-        ("slhub.testing:StopAt", "slhub.testing:StopAt", "extra"),
-    ]
-    # Updates 3 and 4 log the same losses and validation in both runs.
-    later = check.metrics_after("uninterrupted", 2)
-    assert later == check.metrics_after("resumed", 2)
-    assert [m["step"] for m in later if "validation/mse" in m] == [4]
-    # The weights are the plugin's model for the recorded section, and validating them
-    # gives what the run logged at update 4.
-    section = RigidFormerSection.model_validate(run["recipe"]["rigidformer"])
-    metrics, logged = check.revalidate(RigidFormerPlugin(), make_trainer(section), step=4)
-    assert set(logged) == {"step", *(f"validation/{k}" for k in metrics)}
-    for key, value in metrics.items():
-        assert value == pytest.approx(logged[f"validation/{key}"], rel=1e-6, abs=1e-12), key
