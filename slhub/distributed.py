@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 
-from slhub.errors import RankFailure, SlhubError
+from slhub.errors import RankFailure, SlhubError, one_line
 
 #: Phases a rank-local failure can happen in; the code is the index + 1.
 PHASES: tuple[str, ...] = (
@@ -111,10 +111,10 @@ def distributed_run(
                 device_id=resolved if resolved.type == "cuda" else None,
             )
         except (RuntimeError, ValueError) as exc:  # DistError and its network/store kinds
-            reason = " ".join(str(exc).split("\n", 1)[0].split())[:300] or type(exc).__name__
             raise SlhubError(
                 f"cannot form the process group (rank {env_rank()} of {env_world_size()}, "
-                f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}): {reason}"
+                f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}): "
+                f"{one_line(exc)}"
             ) from None
         created = True
     _SCOPES.append(resolved)
@@ -206,10 +206,7 @@ def raise_agreed_failure(agreement: Agreement, local_error: BaseException | None
     origin, phase = failures[0]
     others = "".join(f"; rank {r} also failed ({p})" for r, p in failures[1:])
     if origin == rank() and local_error is not None:
-        detail = " ".join(str(local_error).split()) or local_error.__class__.__name__
-        if not isinstance(local_error, SlhubError):
-            detail = f"{local_error.__class__.__name__}: {detail}"
-        cause = f": {detail}"
+        cause = f": {one_line(local_error)}"
     else:
         cause = " (details in that rank's log)"
     raise RankFailure(

@@ -1,10 +1,15 @@
-"""Errors that the CLI reports as one line with exit status 2.
+"""Errors that the CLI reports as one line with exit status 2, and :func:`one_line`.
 
-Everything a user can get wrong (recipe, paths, checkpoints, plugins) raises a
-subclass of :class:`SlhubError`; anything else is a bug and keeps its traceback.
+Everything a user can get wrong (recipe, paths, checkpoints, plugins, exports)
+raises a subclass of :class:`SlhubError`; anything else is a bug and keeps its
+traceback. :func:`one_line` is the one way an exception becomes part of such a
+line.
 """
 
 from __future__ import annotations
+
+#: What :func:`one_line` puts where it cut a message.
+CUT = " ..."
 
 
 class SlhubError(Exception):
@@ -27,6 +32,14 @@ class ArtifactError(SlhubError):
     """An output directory that cannot be claimed or resumed into."""
 
 
+class ExportError(SlhubError, ValueError):
+    """An export directory that is not a readable export of an installed kind.
+
+    Also a ``ValueError``, which is what ``slhub.export.load`` raised before it had
+    its own class, so ``except ValueError`` keeps working.
+    """
+
+
 class RankFailure(SlhubError):
     """A rank-local failure, raised identically on every rank after the agreement."""
 
@@ -34,3 +47,26 @@ class RankFailure(SlhubError):
         super().__init__(message)
         self.origin_rank = origin_rank
         self.phase = phase
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """``exc`` as one line of at most ``limit`` characters, for a user's message.
+
+    Whitespace (newlines included) is collapsed to single spaces. A
+    :class:`SlhubError` gives its text alone (its message is written for the
+    user); any other exception gives ``ClassName: text``, and its class name
+    alone when it has no text. A longer line is cut at the last word boundary
+    that leaves room for ``" ..."``, never inside a word, unless one word alone
+    is longer than the limit.
+    """
+    name = type(exc).__name__
+    text = " ".join(str(exc).split())
+    if not text:
+        return name
+    if not isinstance(exc, SlhubError):
+        text = f"{name}: {text}"
+    if len(text) <= limit:
+        return text
+    room = max(limit - len(CUT), 1)
+    space = text.rfind(" ", 0, room + 1)
+    return (text[:space] if space > 0 else text[:room]) + CUT

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from slhub.errors import SlhubError
+from slhub.errors import SlhubError, one_line
 
 
 def user_path(
@@ -38,7 +38,7 @@ def reason(exc: BaseException) -> str:
     """The OS's short reason (``File name too long``), without the path it repeats."""
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
-    return " ".join(str(exc).split()) or type(exc).__name__
+    return one_line(exc)
 
 
 @contextmanager

@@ -27,7 +27,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
-from slhub.errors import RecipeError
+from slhub.errors import RecipeError, one_line
 from slhub.paths import reason, user_path
 
 #: Trainer keys that may differ between a checkpoint's recipe and a resumed run's.
@@ -273,7 +273,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     try:
         parsed = yaml.safe_load(value) if value.strip() else ""
     except yaml.YAMLError as exc:
-        raise RecipeError(f"--set {text!r}: value is not valid YAML ({_first_line(exc)})") from None
+        raise RecipeError(f"--set {text!r}: value is not valid YAML ({one_line(exc)})") from None
     except RecursionError:  # the YAML parser recurses once per level
         raise RecipeError(f"--set {_brief(text)}: value is {_TOO_DEEP}") from None
     if isinstance(parsed, str) and _EXPONENT_FLOAT.fullmatch(parsed):
@@ -303,10 +303,6 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-def _first_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
-
-
 class _UniqueKeyLoader(yaml.SafeLoader):
     """yaml's SafeLoader, refusing a mapping that repeats a key (yaml keeps the last silently)."""
 
@@ -331,7 +327,7 @@ def read_recipe_file(path: str | Path) -> dict[str, Any]:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(exc, "problem", None) or _first_line(exc)
+        problem = getattr(exc, "problem", None) or one_line(exc)
         raise RecipeError(f"{path}: YAML syntax error at {where}{problem}") from None
     except RecursionError:  # the YAML parser recurses once per level
         raise RecipeError(f"{path}: YAML {_TOO_DEEP}") from None

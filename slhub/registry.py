@@ -30,7 +30,7 @@ import pluggy
 
 from slhub import hookspecs
 from slhub._version import __version__
-from slhub.errors import PluginError
+from slhub.errors import PluginError, one_line
 
 GROUP = "slhub"
 
@@ -185,14 +185,14 @@ def _register(pm: pluggy.PluginManager, plugin: Any, name: str, source: PluginSo
     try:
         pm.register(plugin, name=name)
     except pluggy.PluginValidationError as exc:
-        raise PluginError(f"{label} breaks the hook contract: {_one_line(exc)}") from None
+        raise PluginError(f"{label} breaks the hook contract: {one_line(exc)}") from None
     except ValueError as exc:
-        raise PluginError(f"{label} cannot be registered: {_one_line(exc)}") from None
+        raise PluginError(f"{label} cannot be registered: {one_line(exc)}") from None
     try:
         pm.check_pending()
     except pluggy.PluginValidationError as exc:
         pm.unregister(name=name)
-        raise PluginError(f"{label} implements an unknown hook: {_one_line(exc)}") from None
+        raise PluginError(f"{label} implements an unknown hook: {one_line(exc)}") from None
 
 
 def not_a_plugin(pm: pluggy.PluginManager, source: PluginSource) -> str | None:
@@ -221,18 +221,13 @@ def _no_hooks(plugin: Any, source: PluginSource) -> str:
     return f"{what} implements no slhub hook ({wanted}, each marked @slhub.hookimpl)"
 
 
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{exc.__class__.__name__}: {text}" if text else exc.__class__.__name__
-
-
 def _instantiate(obj: Any, label: str) -> Any:
     """Classes are instantiated with no arguments; modules and instances are used as they are."""
     if inspect.isclass(obj):
         try:
             return obj()
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - the plugin's, exits too
-            raise PluginError(f"{label} failed to initialize: {_one_line(exc)}") from None
+            raise PluginError(f"{label} failed to initialize: {one_line(exc)}") from None
     return obj
 
 
@@ -318,7 +313,7 @@ def resolve(spec: str, role: str = MODEL, objects: dict[str, Any] | None = None)
             module = importlib.import_module(module_name)
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - any import-time failure,
             # sys.exit() in the module included (it would end the command silently)
-            raise PluginError(f"{source.describe()} failed to import: {_one_line(exc)}") from None
+            raise PluginError(f"{source.describe()} failed to import: {one_line(exc)}") from None
         obj: Any = module
         for part in filter(None, attr.split(".")):
             if not hasattr(obj, part):
@@ -335,7 +330,7 @@ def resolve(spec: str, role: str = MODEL, objects: dict[str, Any] | None = None)
         return ep.load(), source
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - any import-time failure,
         # sys.exit() in the module included (it would end the command silently)
-        raise PluginError(f"{source.describe()} failed to import: {_one_line(exc)}") from None
+        raise PluginError(f"{source.describe()} failed to import: {one_line(exc)}") from None
 
 
 def build_manager(
@@ -436,5 +431,5 @@ def list_plugins() -> list[PluginListing]:
             kind = MODEL if set(hooks) & set(hookspecs.MODEL_HOOKS) else EXTRA
             rows.append(PluginListing(name, source.dist, source.version, kind, hooks))
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - shown in the listing instead
-            rows.append(PluginListing(name, source.dist, source.version, "?", (), _one_line(exc)))
+            rows.append(PluginListing(name, source.dist, source.version, "?", (), one_line(exc)))
     return rows

@@ -1,4 +1,8 @@
-"""Capture and restore every random stream of a process, in checkpoint-safe types.
+"""Every random stream of a process: seeding, reading and setting it, in checkpoint-safe types.
+
+Public as ``slhub.random_state``, ``slhub.set_random_state`` and
+``slhub.preserved_random_state``; :func:`seed_everything` and :func:`derived_seed`
+are the loop's.
 
 States are converted to tensors, ints and tuples so that a checkpoint loads with
 ``torch.load(weights_only=True)``: numpy's state array and python's 625-word
@@ -51,8 +55,10 @@ def _write(states: tuple[Any, Any, torch.Tensor, torch.Tensor | None], device) -
         torch.cuda.set_rng_state(gpu, device)
 
 
-def capture(device: torch.device | None = None) -> dict[str, Any]:
-    """This process's python, numpy, torch CPU and (if used) CUDA RNG states."""
+def random_state(device: torch.device | None = None) -> dict[str, Any]:
+    """This process's python, numpy, torch CPU and (on a CUDA ``device``) CUDA random
+    states, in types a checkpoint stores (``torch.load(weights_only=True)`` reads them).
+    """
     (version, internal, gauss), numpy, cpu, cuda = _read(device)
     kind, keys, pos, has_gauss, cached = numpy
     return {
@@ -68,8 +74,9 @@ def capture(device: torch.device | None = None) -> dict[str, Any]:
     }
 
 
-def restore(state: dict[str, Any], device: torch.device | None = None) -> None:
-    """Restore what :func:`capture` returned."""
+def set_random_state(state: dict[str, Any], device: torch.device | None = None) -> None:
+    """Set every random stream to what :func:`random_state` returned (CUDA only on a
+    CUDA ``device``)."""
     version, internal, gauss = state["python"]
     if isinstance(internal, torch.Tensor):
         internal = internal.tolist()
@@ -80,11 +87,11 @@ def restore(state: dict[str, Any], device: torch.device | None = None) -> None:
 
 
 @contextmanager
-def preserved(device: torch.device | None = None) -> Iterator[None]:
+def preserved_random_state(device: torch.device | None = None) -> Iterator[None]:
     """Run a block (e.g. validation) without changing any random stream afterwards.
 
     The states stay in memory, so they are kept as the libraries return them, without
-    :func:`capture`'s conversions to checkpoint-safe types.
+    :func:`random_state`'s conversions to checkpoint-safe types.
     """
     saved = _read(device)
     try:

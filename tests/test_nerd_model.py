@@ -13,8 +13,8 @@ import torch
 from pydantic import ValidationError
 from safetensors import safe_open
 
-from slhub.builtin.nerd.artifact import load_export
 from slhub.builtin.nerd.data import training_statistics, window_batch
+from slhub.builtin.nerd.export_format import load_export
 from slhub.builtin.nerd.model import NerdArch, NerdModel
 from slhub.builtin.nerd.plugin import NerdPlugin
 from slhub.builtin.nerd.sections import DataSection, LossSection, ModelSection, ValidationSection
@@ -353,7 +353,7 @@ def test_inference_needs_no_training_code(tmp_path):
         " 'slhub.builtin.nerd.plugin', 'slhub.builtin.nerd.data', 'slhub.builtin.nerd.loss')\n"
         "bad = [m for m in training if m in sys.modules]\n"
         "assert not bad, bad\n"
-        "assert 'slhub.builtin.nerd.artifact' in sys.modules  # the loader that did run\n"
+        "assert 'slhub.builtin.nerd.export_format' in sys.modules  # the loader that did run\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from slhub import hookimpl
-from slhub.optim import OptimSection, ScheduleSection, build_optimizer, build_schedule
+from slhub import OptimSection, ScheduleSection, build_optimizer, build_schedule, hookimpl
 
 
 @hookimpl(trylast=True)

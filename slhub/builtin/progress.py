@@ -16,19 +16,19 @@ import sys
 import time
 from typing import Any
 
-from slhub import hookimpl, log
+from slhub import get_logger, hookimpl, log_format, set_log_write_wrapper
 
 #: Seconds between two ``progress`` events when there is no bar.
 PERIOD_S = 10.0
 #: Seconds between two refreshes of the bar's loss and validation fields.
 POSTFIX_PERIOD_S = 0.5
 
-LOG = log.get_logger()
+LOG = get_logger()
 
 
 def bar_wanted() -> bool:
     """A bar only for people: console format on a terminal."""
-    return log.current_format() == "console" and sys.stderr.isatty()
+    return log_format() == "console" and sys.stderr.isatty()
 
 
 class Plugin:
@@ -75,7 +75,7 @@ class Plugin:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
-            log.set_write_wrapper(None)
+            set_log_write_wrapper(None)
 
     def _start(self, now: float, step: int, total: int) -> None:
         self._started = (now, step - 1)
@@ -92,7 +92,7 @@ class Plugin:
                 ncols=None if _terminal_columns() > 0 else 100,
                 leave=True,
             )
-            log.set_write_wrapper(tqdm.external_write_mode)
+            set_log_write_wrapper(tqdm.external_write_mode)
         else:
             self._events = True
 
@@ -113,11 +113,16 @@ class Plugin:
     def _fields_text(self) -> str:
         parts = []
         if self._loss is not None:
-            parts.append(f"loss={log.significant(self._loss)}")
+            parts.append(f"loss={_significant(self._loss)}")
         if self._validation is not None:
             name, value = self._validation
-            parts.append(f"val_{name}={log.significant(value)}")
+            parts.append(f"val_{name}={_significant(value)}")
         return ", ".join(parts)
+
+
+def _significant(value: float) -> str:
+    """4 significant digits, as the console log prints floats."""
+    return f"{value:.4g}"
 
 
 def _terminal_columns() -> int:

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from slhub import SlhubError, hookimpl
-from slhub.rng import preserved
+from slhub import SlhubError, hookimpl, preserved_random_state
 
 
 @hookimpl(hookwrapper=True)
@@ -21,7 +20,7 @@ def validate(trainer, model, step):
         raise SlhubError(f"validate called on rank {trainer.rank}; validation runs on rank 0 only")
     was_training = model.training
     model.eval()
-    with preserved(trainer.device), torch.no_grad():
+    with preserved_random_state(trainer.device), torch.no_grad():
         try:
             yield
         finally:

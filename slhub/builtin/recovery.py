@@ -13,14 +13,13 @@ from typing import Any
 
 import torch
 
-from slhub import hookimpl
-from slhub import rng as rng_state
+from slhub import hookimpl, random_state, set_random_state
 
 
 @hookimpl(trylast=True)
 def state_dict(trainer) -> dict[str, Any]:
     return {
-        "rng": rng_state.capture(trainer.device),
+        "rng": random_state(trainer.device),
         "sampler": trainer.generator.get_state(),
         "buffers": {
             name: buf.detach().to("cpu", copy=True) for name, buf in trainer.model.named_buffers()
@@ -31,7 +30,7 @@ def state_dict(trainer) -> dict[str, Any]:
 @hookimpl(trylast=True)
 def load_state_dict(trainer, state: dict[str, Any]) -> None:
     if "rng" in state:
-        rng_state.restore(state["rng"], trainer.device)
+        set_random_state(state["rng"], trainer.device)
     if "sampler" in state:
         trainer.generator.set_state(state["sampler"])
     if "buffers" in state:

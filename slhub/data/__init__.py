@@ -1,12 +1,14 @@
 """Public data utilities for slhub plugins: the cart-pole simulator and split/cache helpers.
 
-Built-in and external plugins import data code from here, never from another
-plugin's internals, so a plugin's modules can change without breaking the
-packages that share its data.
+Built-in and external plugins import data code from here (``slhub.data``, not
+its submodules, which are internal), never from another plugin's internals, so
+a plugin's modules can change without breaking the packages that share its
+data.
 
 - :mod:`slhub.data.cartpole` — the numpy cart-pole (:func:`cartpole_step`,
   :func:`generate_trajectories`, :func:`ensure_dataset`, :func:`state_deltas`
-  and its constants).
+  and its constants; ``CARTPOLE_FORMAT`` is the ``format`` its dataset's
+  ``meta.json`` records).
 - :mod:`slhub.data.angles` — :func:`wrap_angle`, the one [-pi, pi) convention,
   for numpy arrays and torch tensors.
 - :mod:`slhub.data.cache` — :func:`cached_arrays`: arrays generated once, written
@@ -18,7 +20,7 @@ Its modules need numpy only; :func:`wrap_angle` also accepts torch tensors.
 """
 
 from slhub.data.angles import wrap_angle
-from slhub.data.cache import atomic_save, atomic_write_text, cached_arrays
+from slhub.data.cache import cached_arrays
 from slhub.data.cartpole import (
     ACTION_NAMES,
     CART_MASS,
@@ -34,10 +36,12 @@ from slhub.data.cartpole import (
     generate_trajectories,
     state_deltas,
 )
+from slhub.data.cartpole import FORMAT as CARTPOLE_FORMAT
 from slhub.data.splits import SplitCache, split_seed
 
 __all__ = [
     "ACTION_NAMES",
+    "CARTPOLE_FORMAT",
     "CART_MASS",
     "DT",
     "GRAVITY",
@@ -47,8 +51,6 @@ __all__ = [
     "THETA",
     "CartpoleData",
     "SplitCache",
-    "atomic_save",
-    "atomic_write_text",
     "cached_arrays",
     "cartpole_step",
     "ensure_dataset",

@@ -2,43 +2,27 @@
 
 Every worker of a run asks for the same dataset at the same time. Generation is
 deterministic in its parameters, so whoever gets there first writes it: each
-file goes to a temporary name, is fsynced and renamed, and ``meta.json`` (the
-parameters) is written last. A folder whose ``meta.json`` equals the request is
-therefore complete; any other folder is made again, so a recipe change never
-reads stale data. Readers open the ``.npy`` files memory-mapped, so the
-workers of one node share one copy through the page cache.
+file is written atomically (:func:`slhub.atomic.atomic_write`: a temporary
+name, fsync, rename), and ``meta.json`` (the parameters) is written last. A
+folder whose ``meta.json`` equals the request is therefore complete; any other
+folder is made again, so a recipe change never reads stale data. Readers open
+the ``.npy`` files memory-mapped, so the workers of one node share one copy
+through the page cache.
 """
 
 from __future__ import annotations
 
+import io
 import json
-import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from slhub.atomic import atomic_write
+
 META_FILE = "meta.json"
-
-
-def atomic_save(path: str | Path, array: np.ndarray) -> None:
-    """Write ``array`` as ``.npy`` to ``path`` under a temporary name, fsync, then rename."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        np.save(handle, array)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` under a temporary name, then rename."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def cached_arrays(
@@ -65,8 +49,10 @@ def cached_arrays(
         if set(arrays) != set(names):
             raise ValueError(f"make() returned {sorted(arrays)}, expected {sorted(names)}")
         for name in names:
-            atomic_save(folder / f"{name}.npy", arrays[name])
-        atomic_write_text(meta_path, json.dumps(meta, indent=2))
+            buffer = io.BytesIO()
+            np.save(buffer, arrays[name])
+            atomic_write(buffer.getvalue(), folder / f"{name}.npy")
+        atomic_write(json.dumps(meta, indent=2), meta_path)
     return {name: np.load(folder / f"{name}.npy", mmap_mode="r") for name in names}
 
 

@@ -11,6 +11,10 @@ beyond what is installed under that name.
 >>> predictor.input_names          # the order the last input axis must have
 ('x', 'theta', 'x_dot', 'theta_dot', 'force')
 >>> next_state = predictor(tokens, input_names=predictor.input_names)
+
+A directory that is not a readable export of an installed kind raises
+:class:`slhub.ExportError` (a ``ValueError``). Exporters write the files of an
+export directory with :func:`atomic_write`, ``export.json`` last.
 """
 
 from __future__ import annotations
@@ -23,25 +27,32 @@ from typing import Any
 
 from torch import nn
 
+from slhub.atomic import atomic_write
+from slhub.errors import ExportError, one_line
+
 SUPPORTED_FORMATS = ("slhub.export/1",)
 #: Entry-point group mapping an export ``kind`` to ``loader(directory, manifest) -> nn.Module``.
 LOADER_GROUP = "slhub.exports"
 
-__all__ = ["LOADER_GROUP", "SUPPORTED_FORMATS", "load", "loaders", "read_manifest"]
+__all__ = ["LOADER_GROUP", "SUPPORTED_FORMATS", "atomic_write", "load", "loaders", "read_manifest"]
 
 
 def read_manifest(directory: str | Path) -> dict[str, Any]:
-    """The parsed ``export.json`` of an export directory; raises ValueError if unreadable."""
+    """The parsed ``export.json`` of an export directory.
+
+    :raises slhub.ExportError: (a ``ValueError``) when it is missing, unreadable or
+        of a format this slhub does not read.
+    """
     path = Path(directory) / "export.json"
     if not path.is_file():
-        raise ValueError(f"{directory} is not an slhub export: it has no export.json")
+        raise ExportError(f"{directory} is not an slhub export: it has no export.json")
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise ValueError(f"{path} cannot be read: {exc}") from None
+        raise ExportError(f"{path} cannot be read ({one_line(exc)})") from None
     if not isinstance(manifest, dict) or manifest.get("format") not in SUPPORTED_FORMATS:
         found = manifest.get("format") if isinstance(manifest, dict) else None
-        raise ValueError(
+        raise ExportError(
             f"{path} has export format {found!r}; this slhub reads {', '.join(SUPPORTED_FORMATS)}"
         )
     return manifest
@@ -64,8 +75,8 @@ def load(directory: str | Path) -> nn.Module:
 
     :param directory: a directory written by ``slhub export``.
     :returns: the predictor (an ``nn.Module``).
-    :raises ValueError: when the directory is not a readable export of an
-        installed kind.
+    :raises slhub.ExportError: (a ``ValueError``) when the directory is not a
+        readable export of an installed kind; a loader may raise it too.
     """
     directory = Path(directory)
     manifest = read_manifest(directory)
@@ -73,7 +84,7 @@ def load(directory: str | Path) -> nn.Module:
     available = loaders()
     if not isinstance(kind, str) or kind not in available:
         known = ", ".join(sorted(available)) or "none installed"
-        raise ValueError(
+        raise ExportError(
             f"{directory} holds an export of kind {kind!r}, which no installed package loads "
             f"(kinds: {known})"
         )

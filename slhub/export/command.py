@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slhub import checkpoint, log, registry
-from slhub.errors import ArtifactError, CheckpointError, PluginError, SlhubError
+from slhub.errors import ArtifactError, CheckpointError, PluginError, SlhubError, one_line
 from slhub.paths import path_errors, user_path
 
 
@@ -138,10 +138,8 @@ def run_export(
                 raise
             except (Exception, SystemExit) as exc:  # a plugin bug: its traceback, one line
                 log.failure("export failed", exc)
-                detail = " ".join(str(exc).split())
                 raise PluginError(
-                    f"{source.describe()} failed in its export hook: "
-                    f"{exc.__class__.__name__}{': ' + detail if detail else ''}"
+                    f"{source.describe()} failed in its export hook: {one_line(exc)}"
                 ) from None
             if result is not None:
                 return Exported(_exported_dir(result, source), source)

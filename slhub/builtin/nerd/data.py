@@ -12,8 +12,13 @@ from pathlib import Path
 import numpy as np
 
 from slhub.builtin.nerd.sections import DataSection, SplitSection
-from slhub.data import CartpoleData, cached_arrays, ensure_dataset, state_deltas
-from slhub.data.cartpole import FORMAT as CARTPOLE_FORMAT
+from slhub.data import (
+    CARTPOLE_FORMAT,
+    CartpoleData,
+    cached_arrays,
+    ensure_dataset,
+    state_deltas,
+)
 
 #: The arrays :func:`training_statistics` returns, as cached by :func:`cached_statistics`.
 STATISTICS = ("token_mean", "token_std", "delta_mean", "delta_std")

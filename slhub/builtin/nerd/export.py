@@ -12,9 +12,9 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from slhub.builtin.nerd.artifact import write_export
+from slhub import CheckpointError
+from slhub.builtin.nerd.export_format import write_export
 from slhub.builtin.nerd.model import ARCH_KEY, NerdModel
-from slhub.errors import CheckpointError
 
 
 def file_sha256(path: Path) -> str:

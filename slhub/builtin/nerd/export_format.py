@@ -14,7 +14,6 @@ byte-identical files; provenance (run id, step, checkpoint digest) lives in
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,9 @@ import torch
 from safetensors.torch import load_file, save
 from torch import nn
 
+from slhub import ExportError, one_line
 from slhub.builtin.nerd.model import ARCH_KEY, STAT_KEYS, NerdArch, NerdModel, dtype_name
+from slhub.export import atomic_write
 
 EXPORT_FORMAT = "slhub.export/1"
 KIND = "nerd"
@@ -34,9 +35,9 @@ MANIFEST = "export.json"
 def write_export(model: NerdModel, out_dir: Path, provenance: dict[str, Any]) -> Path:
     """Write ``model`` into the empty directory ``out_dir``.
 
-    ``export.json`` is written last (temporary name, then rename), so a
-    directory holding it holds a whole export. Files written before a failure
-    are removed.
+    Each file is written atomically (:func:`slhub.export.atomic_write`) and
+    ``export.json`` last, so a directory holding it holds a whole export. The
+    weights are removed again when the manifest cannot be written.
 
     :param model: the model to export, in its trained dtype.
     :param out_dir: an existing, empty directory.
@@ -64,28 +65,14 @@ def write_export(model: NerdModel, out_dir: Path, provenance: dict[str, Any]) ->
         "weights": WEIGHTS,
         **provenance,
     }
-    written: list[Path] = []
+    # one metadata key only: safetensors writes a multi-key header map in hash order,
+    # which would make identical weights export to different bytes
+    data = save(tensors, metadata={"slhub_export": f"{EXPORT_FORMAT} {KIND}"})
+    atomic_write(data, out_dir / WEIGHTS)
     try:
-        weights = out_dir / WEIGHTS
-        written.append(weights)
-        # one metadata key only: safetensors writes a multi-key header map in hash order,
-        # which would make identical weights export to different bytes
-        data = save(tensors, metadata={"slhub_export": f"{EXPORT_FORMAT} {KIND}"})
-        with open(weights, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        tmp = out_dir / f".{MANIFEST}.tmp"
-        written.append(tmp)
-        with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump(manifest, handle, indent=2)
-            handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, out_dir / MANIFEST)
+        atomic_write(json.dumps(manifest, indent=2) + "\n", out_dir / MANIFEST)
     except BaseException:
-        for path in written:
-            path.unlink(missing_ok=True)
+        (out_dir / WEIGHTS).unlink(missing_ok=True)
         raise
     return out_dir
 
@@ -209,14 +196,24 @@ class NerdPredictor(nn.Module):
 
 
 def load_export(directory: Path, manifest: dict[str, Any]) -> NerdPredictor:
-    """Rebuild the predictor of a NeRD export; raises ValueError for an inconsistent export."""
-    weights = directory / manifest.get("weights", WEIGHTS)
+    """Rebuild the predictor of a NeRD export.
+
+    :raises slhub.ExportError: (a ``ValueError``) for missing, unreadable or
+        inconsistent weights.
+    """
+    weights = directory / str(manifest.get("weights", WEIGHTS))
     if not weights.is_file():
-        raise ValueError(f"{directory} has no {weights.name}")
-    state = load_file(str(weights))
+        raise ExportError(f"{directory} has no {weights.name}")
+    try:
+        state = load_file(str(weights))
+    except Exception as exc:  # noqa: BLE001 - safetensors' errors share no base class
+        raise ExportError(f"{weights} cannot be read ({one_line(exc)})") from None
     if ARCH_KEY not in state:
-        raise ValueError(f"{weights} holds no {ARCH_KEY} buffer; it is not a NeRD export")
-    model = NerdModel.from_state_dict(state)
+        raise ExportError(f"{weights} holds no {ARCH_KEY} buffer; it is not a NeRD export")
+    try:
+        model = NerdModel.from_state_dict(state)
+    except ValueError as exc:  # the model's own one-line messages
+        raise ExportError(f"{weights}: {exc}") from None
     arch = model.arch
     expected = {
         "dtype": dtype_name(next(model.parameters()).dtype),
@@ -226,7 +223,7 @@ def load_export(directory: Path, manifest: dict[str, Any]) -> NerdPredictor:
     }
     for key, value in expected.items():
         if manifest.get(key) != value:
-            raise ValueError(
+            raise ExportError(
                 f"{directory / MANIFEST} says {key}={manifest.get(key)!r} but "
                 f"{weights.name} holds {value!r}"
             )

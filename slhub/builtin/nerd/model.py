@@ -1,8 +1,8 @@
 """The NeRD network: a causal transformer over a history of (state, action) tokens.
 
-This module is inference-safe: it imports torch and :mod:`slhub.data` (numpy)
-only (no trainer, recipe or pydantic), so :mod:`slhub.export` can rebuild an
-exported model from it.
+This module is inference-safe: it imports torch, :mod:`slhub.data` (numpy) and
+:func:`slhub.one_line` only (no trainer or checkpoint code), so
+:mod:`slhub.export` can rebuild an exported model from it.
 
 Everything needed to rebuild the network travels inside its state dict: the
 architecture as the int64 buffer ``nerd_arch`` and the normalization statistics
@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from slhub import one_line
 from slhub.data import ACTION_NAMES, STATE_NAMES, wrap_angle
 
 #: Version of the ``nerd_arch`` buffer layout; bump when a field is added.
@@ -225,7 +226,7 @@ class NerdModel(nn.Module):
         try:
             model.load_state_dict(state, strict=True)
         except RuntimeError as exc:
-            raise ValueError(" ".join(str(exc).split())) from None
+            raise ValueError(f"NeRD weights do not fit their nerd_arch: {one_line(exc)}") from None
         return model
 
     # ---------------------------------------------------------------- statistics

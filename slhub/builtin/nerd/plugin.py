@@ -20,7 +20,7 @@ import torch
 from pydantic import BaseModel
 from torch import nn
 
-from slhub import LossResult, hookimpl
+from slhub import LossResult, RecipeError, hookimpl
 from slhub.builtin.nerd.data import cached_statistics, open_splits, window_batch
 from slhub.builtin.nerd.export import export_checkpoint
 from slhub.builtin.nerd.loss import batch_mask, evaluate, loss_mask, masked_mse
@@ -33,7 +33,6 @@ from slhub.builtin.nerd.sections import (
     ValidationSection,
 )
 from slhub.data import CartpoleData
-from slhub.errors import RecipeError
 
 
 class NerdPlugin:
