@@ -7,8 +7,8 @@ One process trains the sl_ddp example for a few updates; then, inside the run
 (from an ``on_log`` hook at the last update, so the loop's real state is used),
 it times alternately, ``--repeats`` times each:
 
-- **slhub**: ``Loop._boundary(step, save=True)`` at a save-only boundary: every
-  rank's ``save`` state (RNG, sampler, buffers) gathered, the v2 checkpoint
+- **slhub**: ``trainer.save()``, what a save-only boundary does: every rank's
+  ``state_dict`` state (RNG, sampler, buffers) gathered, the v2 checkpoint
   built, serialized once and written durably to ``step_N.pt`` and ``last.pt``
   (temporary, fsync, rename, directory fsync), metrics.jsonl fsynced.
 - **bare**: the same checkpoint object (the one slhub wrote last) serialized
@@ -56,39 +56,31 @@ class Probe:
     def on_log(self, trainer, step, metrics) -> None:
         if step != self.steps or "train/loss" not in metrics:
             return
-        loop = trainer
-        loop._boundary(step, save=True)  # warm-up; also the object the bare path writes
-        ckpt = checkpoint.build(
-            step=loop._committed_step,
-            run=loop.identity,
-            model=loop.model.state_dict(),
-            optimizer=loop.optimizer.state_dict(),
-            scheduler={
-                "schedule": loop.scheduler.state_dict() if loop.scheduler is not None else None,
-                "scaler": None,
-            },
-            ranks=loop._committed,
-        )
-        metrics_fd = os.open(loop.output_dir / "metrics.jsonl", os.O_RDONLY)
+        # warm-up; its file is also the object the bare path writes (as it was gathered)
+        written = trainer.save()
+        ckpt = checkpoint.load(written).to_dict()
+        metrics_fd = os.open(trainer.output_dir / "metrics.jsonl", os.O_RDONLY)
 
         def bare() -> None:
             buffer = io.BytesIO()
             torch.save(ckpt, buffer)
             data = buffer.getvalue()
             self.size = len(data)
-            durable_write(data, self.bare_dir / f"step_{step}.pt")
-            durable_write(data, self.bare_dir / "last.pt")
+            durable_write(data, self.bare_dir / checkpoint.step_file(step))
+            durable_write(data, self.bare_dir / checkpoint.LAST)
             os.fsync(metrics_fd)
 
         def bare_once() -> None:
             buffer = io.BytesIO()
             torch.save(ckpt, buffer)
             data = buffer.getvalue()
-            durable_write(data, self.bare_dir / "last.pt", self.bare_dir / f"step_{step}.pt")
+            durable_write(
+                data, self.bare_dir / checkpoint.LAST, self.bare_dir / checkpoint.step_file(step)
+            )
             os.fsync(metrics_fd)
 
-        def framework() -> None:
-            loop._boundary(step, save=True)
+        def framework() -> None:  # the boundary's gather and write, through the public API
+            trainer.save()
 
         contestants = [("slhub", framework), ("bare", bare), ("bare, one write", bare_once)]
         for i in range(self.repeats):  # every order in turn: each runs first, second, third

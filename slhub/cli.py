@@ -206,7 +206,7 @@ def _plugins(_: argparse.Namespace) -> None:
 
 
 def _inspect(args: argparse.Namespace) -> None:
-    from slhub.checkpoint import describe
+    from slhub.inspect_command import describe
 
     print(describe(args.checkpoint))
 

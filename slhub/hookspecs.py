@@ -364,7 +364,7 @@ def on_fit_end(trainer: Trainer, status: str) -> None:
 
 
 @hookspec(firstresult=True)
-def export(checkpoint: dict[str, Any], checkpoint_path: Path, out_dir: Path) -> Path | None:
+def export(checkpoint: Any, checkpoint_path: Path, out_dir: Path) -> Path | None:
     """Export a checkpoint for inference (model plugin only).
 
     Called by ``slhub export`` in one process, outside training, on the
@@ -376,7 +376,9 @@ def export(checkpoint: dict[str, Any], checkpoint_path: Path, out_dir: Path) -> 
     can read the result.
     Stops at the first non-None result.
 
-    :param checkpoint: the loaded checkpoint (v1 or v2 layout).
+    :param checkpoint: the loaded checkpoint as a :class:`slhub.export.Checkpoint`
+        (``step``, ``model``, ``optimizer``, ``run``, ``ranks``, ``format``; v1 and v2
+        files alike).
     :param checkpoint_path: where it was read from (for provenance).
     :param out_dir: an empty directory to write the export into.
     :returns: the export directory, or None when the checkpoint is not this

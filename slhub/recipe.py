@@ -47,6 +47,15 @@ MAX_RECIPE_BYTES = 16 * 2**20
 MAX_DEPTH = 100
 
 
+class BestCheckpoint(BaseModel):
+    """``trainer.best``: which validation metric picks ``best.pt``, and which way."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    metric: str = Field(pattern=r"^validation/.+")
+    mode: Literal["min", "max"] = "min"
+
+
 class TrainerConfig(BaseModel):
     """The core's recipe section (docs/recipes.md documents every key).
 
@@ -71,6 +80,11 @@ class TrainerConfig(BaseModel):
     accumulate: int = Field(default=1, ge=1, le=MAX_COUNT)
     #: Autocast of the objective: fp32 (none), bf16-mixed, or fp16-mixed (CUDA, scaled).
     precision: Literal["fp32", "bf16-mixed", "fp16-mixed"] = "fp32"
+
+    #: Keep only the newest N ``step_N.pt`` boundary checkpoints (None: keep every one).
+    keep_last: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    #: Keep ``best.pt``: the checkpoint of the validation with the best ``metric``.
+    best: BestCheckpoint | None = None
 
     #: Signals that stop the run after the current update, with a checkpoint (preemption).
     @field_validator("output_dir", mode="before")
@@ -198,10 +212,15 @@ def recipe_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 
 def _comparable(data: dict[str, Any]) -> dict[str, Any]:
-    """A copy in which an absent ``plugins`` list equals an empty one (older run identities)."""
+    """A copy in which an absent ``plugins`` list equals an empty one and an absent
+    trainer key equals its default of None (run identities written before the key)."""
     comparable = copy.deepcopy(data)
     if not comparable.get("plugins"):
         comparable.pop("plugins", None)
+    trainer = comparable.get("trainer")
+    if isinstance(trainer, dict):
+        for key in [k for k, v in trainer.items() if v is None]:
+            del trainer[key]
     return comparable
 
 
@@ -221,6 +240,7 @@ _MESSAGES = {
     "missing": lambda ctx: "required key is missing",
     "literal_error": lambda ctx: f"must be one of {ctx['expected']}",
     "string_too_short": lambda ctx: "must not be empty",
+    "string_pattern_mismatch": lambda ctx: "must name a validation metric: validation/<name>",
     "int_type": lambda ctx: "must be an integer",
     "int_from_float": lambda ctx: "must be an integer",
     "float_type": lambda ctx: "must be a number",

@@ -441,7 +441,7 @@ class Loop(TrainerBase):
                 self._held = ("checkpoint I/O", exc)
                 return
         try:  # the committed update is saved even when its validation failed
-            self.checkpoints.write_boundary(step, save=boundary.save, best_value=best)
+            self.checkpoints.write_boundary(boundary, step, best)
         except Exception as exc:  # noqa: BLE001 - held for the next agreement
             LOG.error("checkpoint write failed", error=one_line(exc))
             self._held = ("checkpoint I/O", exc)

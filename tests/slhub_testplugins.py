@@ -397,3 +397,45 @@ class RankDependentModel(SlDdpPlugin):
         if trainer.rank == 0:
             return model
         return nn.Sequential(nn.Linear(4, 33), nn.Tanh(), nn.Linear(33, 2))
+
+
+class ValidationTracker(SlDdpPlugin):
+    """An early-stopping tracker: ``validate`` changes the state it checkpoints (the best
+    score so far, a patience counter and the number of validations), so a boundary's
+    checkpoint must hold rank 0's state after validation for a resume to be exact.
+
+    The score is the validation MSE plus an offset that cycles with the number of
+    validations, so it is not monotone (the best is not always the latest) and it
+    depends on the restored count."""
+
+    OFFSETS = (0.3, -0.2, 0.5, 0.0, -0.4)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.best: float | None = None
+        self.patience = 0
+        self.validations = 0
+
+    @hookimpl
+    def validate(self, trainer, model, step):
+        metrics = super().validate(trainer, model, step)
+        score = metrics["mse"] + self.OFFSETS[self.validations % len(self.OFFSETS)]
+        self.validations += 1
+        if self.best is None or score < self.best:
+            self.best, self.patience = score, 0
+        else:
+            self.patience += 1
+        return {**metrics, "score": score, "patience": float(self.patience)}
+
+    @hookimpl
+    def state_dict(self, trainer):
+        return {
+            "tracker": {"best": self.best, "patience": self.patience, "count": self.validations}
+        }
+
+    @hookimpl
+    def load_state_dict(self, trainer, state):
+        tracker = state.get("tracker", {})
+        self.best = tracker.get("best")
+        self.patience = tracker.get("patience", 0)
+        self.validations = tracker.get("count", 0)

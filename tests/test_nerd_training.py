@@ -21,8 +21,8 @@ from helpers import (
     train_stopped_then_resumed,
     write_recipe,
 )
+from slhub import checkpoint
 from slhub.builtin.nerd.plugin import NerdPlugin
-from slhub.checkpoint import to_v1
 from slhub.export import load as load_export
 from slhub.export.command import run_export
 from slhub.testing import StandInTrainer
@@ -124,7 +124,7 @@ def test_v1_and_v2_export_identically_and_predict_exactly(runs, tmp_path, name):
     v2_path = runs[name] / "last.pt"
     v2 = load(v2_path)
     v1_path = tmp_path / "v1.pt"
-    torch.save(to_v1(v2), v1_path)
+    torch.save(checkpoint.load(v2_path).to_v1(), v1_path)
     done_v2 = run_export(v2_path, tmp_path / "v2_export")
     done_v1 = run_export(v1_path, tmp_path / "v1_export")
     assert done_v2.plugin.name == done_v1.plugin.name == "nerd"

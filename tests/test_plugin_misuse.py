@@ -144,7 +144,7 @@ def test_a_checkpoint_missing_a_ranks_random_state_is_refused(tmp_path: Path):
     ckpt["ranks"][0] = {"buffers": {}}
     torch.save(ckpt, tmp_path / "no_rng.pt")
     with pytest.raises(CheckpointError, match=r"ranks\[0\] has no rng and no sampler state"):
-        checkpoint.load_checkpoint(tmp_path / "no_rng.pt")
+        checkpoint.load(tmp_path / "no_rng.pt")
     for key, value, expected in [
         ("recipe", "x", "run.recipe is a str, expected a mapping"),
         ("source", {"plugins": [1, 2]}, "run.source.plugins is not a list of plugin sources"),
@@ -153,7 +153,7 @@ def test_a_checkpoint_missing_a_ranks_random_state_is_refused(tmp_path: Path):
         ckpt["run"][key] = value
         torch.save(ckpt, tmp_path / "bad_run.pt")
         with pytest.raises(CheckpointError, match=expected):
-            checkpoint.load_checkpoint(tmp_path / "bad_run.pt")
+            checkpoint.load(tmp_path / "bad_run.pt")
 
 
 def test_a_run_json_that_is_no_object_is_one_line(tmp_path: Path):

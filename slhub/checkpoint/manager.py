@@ -58,10 +58,12 @@ class Owner(Protocol):
 
 @dataclass(frozen=True)
 class Boundary:
-    """What happens after an update: validate, save, or both."""
+    """What happens after an update: validate, save, or both. ``unscheduled``: it saves
+    only because the run stops there (not a ``save_every`` boundary, not the last)."""
 
     validate: bool
     save: bool
+    unscheduled: bool = False
 
 
 class CheckpointManager:
@@ -93,8 +95,10 @@ class CheckpointManager:
         when the run stops."""
         cfg = self.config
         validate = cfg.validate_every > 0 and step % cfg.validate_every == 0
-        save = stop or (cfg.save_every > 0 and step % cfg.save_every == 0) or step == cfg.steps
-        return Boundary(validate, save) if validate or save else None
+        scheduled = (cfg.save_every > 0 and step % cfg.save_every == 0) or step == cfg.steps
+        if not (validate or scheduled or stop):
+            return None
+        return Boundary(validate, scheduled or stop, stop and not scheduled)
 
     # ------------------------------------------------------------ the gather
 
@@ -137,24 +141,32 @@ class CheckpointManager:
             return True
         return value < current if best.mode == "min" else value > current
 
-    def write_boundary(self, step: int, *, save: bool, best_value: float | None) -> None:
+    def write_boundary(self, boundary: Boundary, step: int, best_value: float | None) -> None:
         """Rank 0: write the committed state of boundary ``step``: ``last.pt`` and
-        ``step_N.pt`` when ``save``, ``best.pt`` when ``best_value`` is a new best (one
+        ``step_N.pt`` when it saves, ``best.pt`` when ``best_value`` is a new best (one
         write, the other names hard links), then apply ``keep_last``. Writes nothing when
         another rank failed to gather (its own error fails the run at the agreement)."""
         if self._committed is None:
             return
-        kept, purge = self.retention.kept, ()
+        old = self.retention
+        kept, unscheduled, purge = old.kept, old.unscheduled, ()
         names: list[str] = []
-        if save:
+        if boundary.save:
             names = [files.LAST, files.step_file(step)]
-            if self.config.keep_last is not None:
+            if self.config.keep_last is not None and boundary.unscheduled:
+                unscheduled = step
+            elif self.config.keep_last is not None:
                 candidates = (*kept, step)
                 kept = candidates[-self.config.keep_last :]
                 purge = tuple(s for s in candidates if s not in kept)
-        retention = Retention(kept, self.retention.best_step, self.retention.best_value)
+                if unscheduled is not None and unscheduled != step:
+                    purge, unscheduled = (*purge, unscheduled), None
+        best_step, best = (step, best_value) if best_value is not None else (None, None)
+        retention = Retention(
+            kept, best_step or old.best_step, best if best is not None else old.best_value,
+            unscheduled,
+        )  # fmt: skip
         if best_value is not None:
-            retention = Retention(kept, step, best_value)
             names.insert(1, files.BEST)  # after last.pt, before step_N.pt
         if not names:
             return

@@ -37,22 +37,35 @@ V2_OPTIONAL = frozenset({"retention"})
 @dataclass(frozen=True)
 class Retention:
     """What the retention policies have done so far: the ``step_N.pt`` files
-    ``trainer.keep_last`` still keeps (oldest first) and the best validation so far.
+    ``trainer.keep_last`` still keeps (oldest first), the one a stop wrote outside the
+    schedule (``unscheduled``: removed once the next scheduled checkpoint is durable,
+    so it takes no place among the kept) and the best validation so far.
     Checkpointed, so a resumed run keeps, deletes and picks what the uninterrupted
     run would."""
 
     kept: tuple[int, ...] = ()
     best_step: int | None = None
     best_value: float | None = None
+    unscheduled: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kept": list(self.kept), "best_step": self.best_step, "best_value": self.best_value}
+        return {
+            "kept": list(self.kept),
+            "best_step": self.best_step,
+            "best_value": self.best_value,
+            "unscheduled": self.unscheduled,
+        }
 
     @classmethod
     def from_dict(cls, data: Any) -> Retention:
         if not data:
             return cls()
-        return cls(tuple(int(s) for s in data["kept"]), data["best_step"], data["best_value"])
+        return cls(
+            tuple(int(s) for s in data["kept"]),
+            data["best_step"],
+            data["best_value"],
+            data.get("unscheduled"),
+        )
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,25 @@ SUPPORTED_FORMATS = ("slhub.export/1",)
 #: Entry-point group mapping an export ``kind`` to ``loader(directory, manifest) -> nn.Module``.
 LOADER_GROUP = "slhub.exports"
 
-__all__ = ["LOADER_GROUP", "SUPPORTED_FORMATS", "atomic_write", "load", "loaders", "read_manifest"]
+__all__ = [
+    "LOADER_GROUP",
+    "SUPPORTED_FORMATS",
+    "Checkpoint",
+    "atomic_write",
+    "load",
+    "loaders",
+    "read_manifest",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """``Checkpoint`` (what the ``export`` hook receives), imported on first use so that
+    loading an export does not import the recipe and checkpoint machinery."""
+    if name == "Checkpoint":
+        from slhub.checkpoint.schema import Checkpoint
+
+        return Checkpoint
+    raise AttributeError(f"module 'slhub.export' has no attribute {name!r}")
 
 
 def read_manifest(directory: str | Path) -> dict[str, Any]:

@@ -86,7 +86,7 @@ def _short(value: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def choose_exporter(ckpt: dict, path: Path, plugin: str | None) -> str | None:
+def choose_exporter(ckpt: checkpoint.Checkpoint, path: Path, plugin: str | None) -> str | None:
     """The plugin name to export with; None means every installed plugin (v1 only).
 
     Reads only a name from the checkpoint and accepts it only when an installed
@@ -94,7 +94,7 @@ def choose_exporter(ckpt: dict, path: Path, plugin: str | None) -> str | None:
     """
     if plugin is not None:
         return plugin
-    recorded = checkpoint.plugins_of(checkpoint.run_of(ckpt))
+    recorded = ckpt.plugins
     if not recorded:
         return None
     name = str(recorded[0].get("name"))
@@ -125,7 +125,7 @@ def run_export(
     checkpoint_path = user_path(checkpoint_path, "checkpoint", CheckpointError)
     out_dir = user_path(out_dir, "export destination", ArtifactError)
     _refuse_unusable(out_dir)  # before the (possibly slow) checkpoint load
-    ckpt = checkpoint.load_checkpoint(checkpoint_path)
+    ckpt = checkpoint.load(checkpoint_path)
     pm, candidates = registry.export_manager(choose_exporter(ckpt, checkpoint_path, plugin))
     created = _claim_out_dir(out_dir)
     try:

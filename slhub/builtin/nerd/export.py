@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from slhub import CheckpointError
 from slhub.builtin.nerd.export_format import write_export
 from slhub.builtin.nerd.model import ARCH_KEY, NerdModel
+
+if TYPE_CHECKING:
+    from slhub.export import Checkpoint
 
 
 def file_sha256(path: Path) -> str:
@@ -26,12 +29,10 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def export_checkpoint(
-    checkpoint: dict[str, Any], checkpoint_path: Path, out_dir: Path
-) -> Path | None:
+def export_checkpoint(checkpoint: Checkpoint, checkpoint_path: Path, out_dir: Path) -> Path | None:
     """Write the NeRD model of ``checkpoint`` to ``out_dir``; None if it holds no NeRD model."""
-    state = checkpoint.get("model") if isinstance(checkpoint, dict) else None
-    if not isinstance(state, dict) or ARCH_KEY not in state:
+    state = checkpoint.model
+    if ARCH_KEY not in state:
         return None
     try:
         model = NerdModel.from_state_dict(state)
@@ -39,13 +40,11 @@ def export_checkpoint(
         raise CheckpointError(
             f"{checkpoint_path} holds a NeRD model that cannot be rebuilt: {exc}"
         ) from None
-    run = checkpoint.get("run") if isinstance(checkpoint.get("run"), dict) else {}
-    step = checkpoint.get("step")
     provenance = {
-        "source_run_id": run.get("run_id"),
-        "source": run.get("source"),
-        "step": int(step) if isinstance(step, int) else None,
-        "checkpoint_format": checkpoint.get("format") or "slhub.checkpoint/1",
+        "source_run_id": checkpoint.run_id,
+        "source": (checkpoint.run or {}).get("source"),
+        "step": checkpoint.step,
+        "checkpoint_format": checkpoint.format,
         "checkpoint_path": str(checkpoint_path),
         "checkpoint_sha256": file_sha256(Path(checkpoint_path)),
     }

@@ -14,7 +14,7 @@ Hooks: ``recipe_sections``, ``build_model``, ``sample``, ``objective``,
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from pydantic import BaseModel
@@ -33,6 +33,9 @@ from slhub.builtin.nerd.sections import (
     ValidationSection,
 )
 from slhub.data import CartpoleData
+
+if TYPE_CHECKING:
+    from slhub.export import Checkpoint
 
 
 class NerdPlugin:
@@ -123,9 +126,7 @@ class NerdPlugin:
     # -------------------------------------------------------------- export
 
     @hookimpl
-    def export(
-        self, checkpoint: dict[str, Any], checkpoint_path: Path, out_dir: Path
-    ) -> Path | None:
+    def export(self, checkpoint: Checkpoint, checkpoint_path: Path, out_dir: Path) -> Path | None:
         return export_checkpoint(checkpoint, checkpoint_path, out_dir)
 
     def _require_data(self) -> CartpoleData:
