@@ -37,7 +37,8 @@ import torch
 from pydantic import BaseModel
 from torch import nn
 
-from slhub import hookspecs, rng
+from slhub import checkpoint, hookspecs, rng
+from slhub.checkpoint import Checkpoint
 from slhub.errors import PluginError
 from slhub.hookspecs import hookimpl
 from slhub.optim import OptimSection, ScheduleSection, build_optimizer, build_schedule
@@ -181,8 +182,16 @@ def assert_tree_equal(a: Any, b: Any, where: str = "") -> None:
         assert a == b, f"values differ at {where}: {a!r} != {b!r}"
 
 
-#: Checkpoint keys that hold the training state (``run`` is identity, not state).
-STATE_KEYS = ("step", "model", "optimizer", "scheduler", "ranks")
+#: The fields of a :class:`~slhub.checkpoint.Checkpoint` that hold the training state
+#: (``run`` is identity, not state).
+STATE_FIELDS = ("step", "model", "optimizer", "schedule", "scaler", "ranks", "retention")
+
+
+def assert_same_state(expected: Checkpoint, actual: Checkpoint) -> None:
+    """Exact equality of two checkpoints' training state (every field of
+    :data:`STATE_FIELDS`), naming the first differing path."""
+    for name in STATE_FIELDS:
+        assert_tree_equal(getattr(expected, name), getattr(actual, name), name)
 
 
 @dataclass(frozen=True)
@@ -193,9 +202,9 @@ class ResumeCheck:
     stopped: Path
     resumed: Path
 
-    def final(self, which: str) -> dict[str, Any]:
+    def final(self, which: str) -> Checkpoint:
         """The last checkpoint of run ``which`` (``uninterrupted``, ``stopped``, ``resumed``)."""
-        return torch.load(getattr(self, which) / "last.pt", map_location="cpu", weights_only=True)
+        return checkpoint.load(checkpoint.files.last_path(getattr(self, which)))
 
     def metrics_after(self, which: str, step: int) -> list[dict[str, Any]]:
         """Run ``which``'s metrics.jsonl records of updates after ``step``."""
@@ -214,7 +223,7 @@ class ResumeCheck:
         checkpoint is the plugin's model and reproduces what the run reported.
         """
         model = trainer.build(plugin)
-        model.load_state_dict(self.final("resumed")["model"])
+        model.load_state_dict(self.final("resumed").model)
         with torch.no_grad():
             (metrics,) = hooks_of(plugin).validate(trainer=trainer, model=model.eval(), step=step)
         logged = next(
@@ -386,10 +395,8 @@ def check_resume_exact(
     _train(recipe, [*base, f"trainer.output_dir={check.uninterrupted}"], **launch)
     _train(recipe, [*stopping, f"trainer.output_dir={check.stopped}"], **launch, stop_at=stop_at)
     _train(recipe, [*stopping, f"trainer.output_dir={resumed}"], **launch,
-           resume=check.stopped / f"step_{stop_at}.pt")  # fmt: skip
-    expected, actual = check.final("uninterrupted"), check.final("resumed")
-    for key in STATE_KEYS:
-        assert_tree_equal(expected.get(key), actual.get(key), key)
+           resume=check.stopped / checkpoint.step_file(stop_at))  # fmt: skip
+    assert_same_state(check.final("uninterrupted"), check.final("resumed"))
     return check
 
 
@@ -422,14 +429,15 @@ def check_resume_and_revalidate(
     """
     check = check_resume_exact(recipe, stop_at=stop_at, workdir=workdir, **resume)
     final, stopped = check.final("resumed"), check.final("stopped")
-    run = final["run"]
-    recorded = run["recipe"]
+    run = final.run
+    assert run is not None
+    recorded = final.recipe
     config = recorded["trainer"]
     steps, every = config["steps"], config.get("validate_every", 0)
-    assert (final["step"], stopped["step"]) == (steps, stop_at), (final["step"], stopped["step"])
-    assert run["world_size"] == resume.get("workers", 1), run["world_size"]
+    assert (final.step, stopped.step) == (steps, stop_at), (final.step, stopped.step)
+    assert final.world_size == resume.get("workers", 1), final.world_size
     kind = type(plugin)
-    plugins = [(p["name"], p["object"], p["role"]) for p in run["source"]["plugins"]]
+    plugins = [(p["name"], p["object"], p["role"]) for p in final.plugins]
     model = (recorded["plugin"], f"{kind.__module__}:{kind.__qualname__}", "model")
     stop = ("slhub.testing:StopAt", "slhub.testing:StopAt", "extra")
     names = [recorded["plugin"], *recorded.get("plugins", [])]

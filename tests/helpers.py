@@ -202,3 +202,11 @@ def launch_workers_ok(*args: str, **kwargs: Any) -> None:
     """:func:`launch_workers`, asserting that every worker exits 0."""
     _, results = launch_workers(*args, **kwargs)
     assert [rc for rc, _ in results] == [0] * len(results), results[0][1][-2000:]
+
+
+def assert_same_final_state(expected: Path, actual: Path) -> None:
+    """Two checkpoint files hold the same training state (``torch.equal`` throughout)."""
+    from slhub import checkpoint
+    from slhub.testing import assert_same_state
+
+    assert_same_state(checkpoint.load(expected), checkpoint.load(actual))

@@ -55,7 +55,7 @@ def test_extra_plugins_are_called_and_resume_bit_exact(tmp_path: Path, workers: 
     check = check_resume_exact(
         _recipe(tmp_path), stop_at=3, workdir=tmp_path, workers=workers, **launch
     )
-    full = check.final("uninterrupted")
+    full = check.final("uninterrupted").to_dict()
     assert len(full["ranks"]) == workers
     for rank, entry in enumerate(full["ranks"]):
         assert entry["commit_log"]["commits"] == 6, rank

@@ -92,7 +92,7 @@ def test_hook_configure_optimizers(tmp_path: Path):
         SL_DDP, stop_at=2, workdir=tmp_path / "resume", in_process=True,
         overrides=["plugin=slhub_testplugins:OwnOptimizer", *SHORT],
     )  # fmt: skip
-    assert check.final("resumed")["optimizer"]["param_groups"][1]["lr"] == 0.0001
+    assert check.final("resumed").optimizer["param_groups"][1]["lr"] == 0.0001
     with pytest.raises(PluginError, match="configure_optimizers returned str"):
         _run(tmp_path, "slhub_testplugins:BadOptimizer", name="bad")
 

@@ -20,9 +20,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import REPO, free_port, load, metrics_of, subprocess_env, torchrun_env, write_recipe
+from helpers import (
+    REPO,
+    assert_same_final_state,
+    free_port,
+    load,
+    metrics_of,
+    subprocess_env,
+    torchrun_env,
+    write_recipe,
+)
 from slhub.preemption import EXIT_PREEMPTED
-from slhub.testing import STATE_KEYS, STOP_AT_ENV, assert_tree_equal
+from slhub.testing import STOP_AT_ENV, assert_tree_equal
 
 #: Every test here is slow (cross-process, seconds to minutes): `python -m pytest -m slow`.
 pytestmark = pytest.mark.slow
@@ -200,9 +209,7 @@ def test_a_node_without_the_checkpoint_receives_it_from_rank_0(unshared, tmp_pat
     results = _workers(unshared["recipe"], [node_a, node_b])
     assert [rc for rc, _ in results] == [0, 0], results[0][1][-2000:] + results[1][1][-2000:]
     assert re.search(r"checkpoint sent .*to_ranks=1\b", results[0][1]), results[0][1][-2000:]
-    expected, actual = load(unshared["full"] / "last.pt"), load(node_a / "run" / "last.pt")
-    for key in STATE_KEYS:
-        assert_tree_equal(expected[key], actual[key], key)
+    assert_same_final_state(unshared["full"] / "last.pt", node_a / "run" / "last.pt")
     assert metrics_of(node_a / "run") == metrics_of(unshared["full"])
     assert list(node_b.iterdir()) == []
 

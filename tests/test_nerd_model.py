@@ -13,11 +13,13 @@ import torch
 from pydantic import ValidationError
 from safetensors import safe_open
 
+from slhub import checkpoint
 from slhub.builtin.nerd.data import training_statistics, window_batch
 from slhub.builtin.nerd.export_format import load_export
 from slhub.builtin.nerd.model import NerdArch, NerdModel
 from slhub.builtin.nerd.plugin import NerdPlugin
 from slhub.builtin.nerd.sections import DataSection, LossSection, ModelSection, ValidationSection
+from slhub.checkpoint import Checkpoint
 from slhub.data import cartpole, wrap_angle
 from slhub.export import load
 from slhub.testing import StandInTrainer, hooks_of
@@ -71,7 +73,7 @@ def export_v1(model: NerdModel, tmp_path: Path, name: str = "export") -> Path:
     out = tmp_path / name
     out.mkdir()
     result = NerdPlugin().export(
-        checkpoint=torch.load(path, weights_only=True), checkpoint_path=path, out_dir=out
+        checkpoint=checkpoint.load(path), checkpoint_path=path, out_dir=out
     )
     assert result == out
     return out
@@ -361,6 +363,7 @@ def test_inference_needs_no_training_code(tmp_path):
 def test_export_hook_ignores_other_checkpoints(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    other = {"step": 1, "model": {"weight": torch.zeros(2)}, "optimizer": {}, "rng": {}}
+    raw = {"step": 1, "model": {"weight": torch.zeros(2)}, "optimizer": {}, "rng": {}}
+    other = Checkpoint.from_dict(raw, tmp_path / "other.pt")
     assert NerdPlugin().export(checkpoint=other, checkpoint_path=tmp_path, out_dir=out) is None
     assert not any(out.iterdir())

@@ -10,9 +10,8 @@ import torch
 import yaml
 
 import slhub
-from helpers import REPO, load, metrics_of, write_recipe
+from helpers import REPO, assert_same_final_state, metrics_of, write_recipe
 from slhub.distributed import resolve_device
-from slhub.testing import STATE_KEYS, assert_tree_equal
 
 #: README -> the example recipes its ```yaml blocks show, in order.
 READMES = {
@@ -69,7 +68,5 @@ def test_auto_trains_exactly_as_cpu_without_cuda(tmp_path) -> None:
     for device in ("auto", "cpu"):
         sets = [f"trainer.device={device}", f"trainer.output_dir={tmp_path / device}"]
         slhub.train(recipe, sets)
-    auto, cpu = (load(tmp_path / d / "last.pt") for d in ("auto", "cpu"))
-    for key in STATE_KEYS:
-        assert_tree_equal(auto[key], cpu[key], key)
+    assert_same_final_state(*(tmp_path / d / "last.pt" for d in ("auto", "cpu")))
     assert metrics_of(tmp_path / "auto") == metrics_of(tmp_path / "cpu")

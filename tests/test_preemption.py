@@ -20,6 +20,7 @@ import pytest
 
 from helpers import (
     REPO,
+    assert_same_final_state,
     free_port,
     load,
     metrics_of,
@@ -30,7 +31,6 @@ from helpers import (
     write_recipe,
 )
 from slhub.preemption import EXIT_PREEMPTED, REPEAT_AFTER_S
-from slhub.testing import STATE_KEYS, assert_tree_equal
 
 STEPS = 120
 
@@ -117,9 +117,7 @@ def reference(tmp_path_factory) -> _References:
 
 
 def _assert_same_as_reference(run: Path, reference: Path) -> None:
-    expected, actual = load(reference / "last.pt"), load(run / "last.pt")
-    for key in STATE_KEYS:
-        assert_tree_equal(expected[key], actual[key], key)
+    assert_same_final_state(reference / "last.pt", run / "last.pt")
     assert metrics_of(run) == metrics_of(reference)
     assert not [p.name for p in run.iterdir() if ".tmp-" in p.name]
 
