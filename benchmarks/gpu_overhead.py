@@ -40,7 +40,7 @@ import torch  # noqa: E402
 from hand_loop import hand_loop  # noqa: E402 - benchmarks/hand_loop.py
 
 import slhub  # noqa: E402
-from slhub import hookimpl  # noqa: E402
+from slhub import checkpoint, hookimpl  # noqa: E402
 from slhub.trainer import sampler_seed  # noqa: E402
 
 SEED, LR, VALIDATE_EVERY, SAVE_EVERY = 0, 1e-3, 50, 100
@@ -161,8 +161,8 @@ def same_work(a: Path, b: Path) -> str:
     if [sorted(r) for r in la] != [sorted(r) for r in lb]:
         return "DIFFERENT metrics keys"
     worst = max(abs(float(ra[k]) - float(rb[k])) for ra, rb in zip(la, lb) for k in ra)
-    ma = torch.load(a / "last.pt", weights_only=True)["model"]
-    mb = torch.load(b / "last.pt", weights_only=True)["model"]
+    ma = checkpoint.load(checkpoint.files.last_path(a)).model
+    mb = checkpoint.load(checkpoint.files.last_path(b)).model
     exact = all(torch.equal(ma[k], mb[k]) for k in ma)
     return (
         f"metrics max difference {worst:g}; final weights {'bitwise equal' if exact else 'DIFFER'}"

@@ -43,7 +43,7 @@ import torch  # noqa: E402
 from hand_loop import hand_loop  # noqa: E402 - benchmarks/hand_loop.py
 
 import slhub  # noqa: E402
-from slhub import distributed, hookimpl  # noqa: E402
+from slhub import checkpoint, distributed, hookimpl  # noqa: E402
 from slhub.trainer import sampler_seed  # noqa: E402
 
 SEED, VALIDATE_EVERY, SAVE_EVERY = 0, 50, 100
@@ -88,8 +88,8 @@ def _check(a: Path, b: Path) -> str:
     la, lb = lines(a), lines(b)
     if la != lb:
         return "DIFFERENT metrics"
-    ma = torch.load(a / "last.pt", weights_only=True)["model"]
-    mb = torch.load(b / "last.pt", weights_only=True)["model"]
+    ma = checkpoint.load(checkpoint.files.last_path(a)).model
+    mb = checkpoint.load(checkpoint.files.last_path(b)).model
     exact = all(torch.equal(ma[k], mb[k]) for k in ma)
     return "same metrics, bitwise-equal final weights" if exact else "DIFFERENT final weights"
 

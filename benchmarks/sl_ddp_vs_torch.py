@@ -352,9 +352,11 @@ def launch(name: str, command: list[str], updates: int) -> dict[str, float]:
 def _final_weights(folder: Path) -> dict:
     import torch
 
-    last = folder / "last.pt"
+    from slhub import checkpoint
+
+    last = checkpoint.files.last_path(folder)
     if last.exists():
-        return torch.load(last, weights_only=True)["model"]
+        return checkpoint.load(last).model
     state = torch.load(folder / "last.ckpt", weights_only=False)["state_dict"]  # Lightning
     return {k.removeprefix("model."): v for k, v in state.items()}
 

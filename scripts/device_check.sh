@@ -60,8 +60,8 @@ check = check_resume_exact(
     overrides=["trainer.steps=12", "trainer.validate_every=4", "trainer.save_every=4", *extra],
 )
 final = check.final("resumed")
-print("bit-identical after resume at update 6 of 12:", name, "step", final["step"])
-print("CUDA RNG state in the checkpoint:", final["ranks"][0]["rng"]["cuda"] is not None)
+print("bit-identical after resume at update 6 of 12:", name, "step", final.step)
+print("CUDA RNG state in the checkpoint:", final.ranks[0]["rng"]["cuda"] is not None)
 PY
 
 nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1

@@ -14,7 +14,8 @@ Only rank 0 calls anything here that touches the filesystem.
   a crash between checkpoints left behind). A torn last line (a kill mid-write)
   is fenced with a newline before anything is appended, so it stays one
   unreadable line, which readers skip only there.
-- Nothing written is deleted: ``--overwrite`` and a fresh start under
+- Nothing written is deleted (but the old ``step_N.pt`` that ``trainer.keep_last``
+  lets go, :mod:`slhub.checkpoint.manager`): ``--overwrite`` and a fresh start under
   ``--resume auto`` move old artifacts into a dated ``superseded-*`` folder.
   Temporaries of a killed writer (``.NAME.tmp-PID``) are not artifacts and are
   removed by the next lock holder.

@@ -86,6 +86,17 @@ class TrainerConfig(BaseModel):
     #: Keep ``best.pt``: the checkpoint of the validation with the best ``metric``.
     best: BestCheckpoint | None = None
 
+    @field_validator("best")
+    @classmethod
+    def _validated(cls, best: BestCheckpoint | None, info: Any) -> BestCheckpoint | None:
+        """A best checkpoint needs validations to pick it from."""
+        if best is not None and not info.data.get("validate_every"):
+            raise PydanticCustomError(
+                "best_without_validation",
+                "needs trainer.validate_every > 0 (best.pt is picked at validations)",
+            )
+        return best
+
     #: Signals that stop the run after the current update, with a checkpoint (preemption).
     @field_validator("output_dir", mode="before")
     @classmethod

@@ -493,7 +493,7 @@ class Loop(TrainerBase):
         """Write a checkpoint of the committed state (``step_N.pt`` by default) and last.pt.
 
         From a ``validate`` implementation (rank 0) this writes the state gathered
-        at the boundary (rank 0's own taken now) and issues no collective. Anywhere
+        at the boundary, before validation, and issues no collective. Anywhere
         else every rank must call it: it gathers every rank's state first. Returns
         the path on rank 0, None elsewhere.
         """

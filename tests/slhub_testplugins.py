@@ -428,6 +428,11 @@ class ValidationTracker(SlDdpPlugin):
         return {**metrics, "score": score, "patience": float(self.patience)}
 
     @hookimpl
+    def on_commit(self, step):
+        if step == int(os.environ.get("SLHUB_TRACKER_FAIL_AT", "0")):
+            raise RuntimeError(f"injected failure at update {step}")
+
+    @hookimpl
     def state_dict(self, trainer):
         return {
             "tracker": {"best": self.best, "patience": self.patience, "count": self.validations}

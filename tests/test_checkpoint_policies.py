@@ -13,10 +13,19 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, load, metrics_of, subprocess_env, warm_launcher, write_recipe
+from helpers import (
+    REPO,
+    assert_same_final_state,
+    load,
+    metrics_of,
+    subprocess_env,
+    warm_launcher,
+    write_recipe,
+)
 from slhub import train
 from slhub.errors import RankFailure
-from slhub.testing import assert_tree_equal, check_resume_exact
+from slhub.preemption import Preempted
+from slhub.testing import STOP_AT_ENV, assert_tree_equal, check_resume_exact
 
 STEPS, EVERY = 8, 2
 BOUNDARIES = range(EVERY, STEPS, EVERY)  # 2, 4, 6: every boundary a run can stop at
@@ -133,4 +142,49 @@ def test_best_follows_the_metric_and_mode_and_keep_last_removes_the_oldest(tmp_p
 def test_a_best_metric_the_run_does_not_validate_fails_naming_it(tmp_path: Path):
     recipe = _recipe(tmp_path, trainer__best={"metric": "validation/accuracy"})
     with pytest.raises(RankFailure, match=r"trainer.best.metric validation/accuracy is not"):
+        train(recipe, [f"trainer.output_dir={tmp_path / 'run'}"])
+
+
+def test_a_run_failed_after_a_best_only_boundary_continues_with_resume_auto(
+    tmp_path: Path, monkeypatch
+):
+    """Boundary 2 validates but does not save; its new best writes best.pt and last.pt,
+    so a run that fails at update 3 continues from update 2 under ``--resume auto``."""
+    recipe = _recipe(tmp_path, **POLICIES)
+    full, out = tmp_path / "full", tmp_path / "failed"
+    train(recipe, [f"trainer.output_dir={full}"])
+    monkeypatch.setenv("SLHUB_TRACKER_FAIL_AT", "3")
+    with pytest.raises(RankFailure, match="injected failure at update 3"):
+        train(recipe, [f"trainer.output_dir={out}"])
+    assert load(out / "last.pt")["step"] == load(out / "best.pt")["step"] == 2
+    assert _kept(out) == ["best.pt", "last.pt"]
+    monkeypatch.delenv("SLHUB_TRACKER_FAIL_AT")
+    train(recipe, [f"trainer.output_dir={out}"], resume="auto")
+    assert_same_final_state(full / "last.pt", out / "last.pt")
+    assert _kept(out) == _kept(full)
+    assert metrics_of(out) == metrics_of(full)
+
+
+def test_two_stops_in_a_row_leave_no_stop_checkpoint_behind(tmp_path: Path, monkeypatch):
+    """Stopped at 5, resumed, stopped at 7 (both unscheduled), resumed: keep_last lets
+    both stop files go, as the uninterrupted run never had them."""
+    recipe = _recipe(tmp_path, **POLICIES)
+    plugins = 'plugins=["slhub.testing:StopAt"]'
+    full, out = tmp_path / "full", tmp_path / "stopped"
+    monkeypatch.delenv(STOP_AT_ENV, raising=False)
+    train(recipe, [plugins, f"trainer.output_dir={full}"])
+    for stop_at in (5, 7):
+        monkeypatch.setenv(STOP_AT_ENV, str(stop_at))
+        with pytest.raises(Preempted):
+            train(recipe, [plugins, f"trainer.output_dir={out}"], resume="auto")
+    assert _kept(out) == ["best.pt", "last.pt", "step_4.pt", "step_7.pt"]
+    monkeypatch.delenv(STOP_AT_ENV)
+    train(recipe, [plugins, f"trainer.output_dir={out}"], resume="auto")
+    assert _kept(out) == _kept(full) == ["best.pt", "last.pt", "step_4.pt", "step_8.pt"]
+    assert_same_final_state(full / "last.pt", out / "last.pt")
+
+
+def test_best_without_validation_is_refused_naming_both_keys(tmp_path: Path):
+    recipe = _recipe(tmp_path, trainer__validate_every=0, **POLICIES)
+    with pytest.raises(Exception, match=r"trainer.best: needs trainer.validate_every > 0"):
         train(recipe, [f"trainer.output_dir={tmp_path / 'run'}"])

@@ -20,7 +20,7 @@ import torch
 
 from slhub.atomic import atomic_write
 from slhub.checkpoint.schema import Checkpoint
-from slhub.errors import CheckpointError
+from slhub.errors import CheckpointError, one_line
 
 LAST = "last.pt"
 BEST = "best.pt"
@@ -143,6 +143,4 @@ def _reason(exc: BaseException) -> str:
         found = re.search(r"Unsupported global: GLOBAL (\S+)", detail)
         what = f"it names {found.group(1)}" if found else detail.split(". ", 1)[0].rstrip(".")
         return f"needs pickle to load: {what}; slhub loads checkpoints with weights_only=True"
-    if len(text) > 200:
-        text = text[:200].rsplit(" ", 1)[0] + " ..."
-    return text or exc.__class__.__name__
+    return one_line(exc, limit=200)

@@ -154,6 +154,8 @@ class CheckpointManager:
         if boundary.save:
             names = [files.LAST, files.step_file(step)]
             if self.config.keep_last is not None and boundary.unscheduled:
+                if unscheduled is not None and unscheduled != step:  # stopped twice in a row
+                    purge = (unscheduled,)
                 unscheduled = step
             elif self.config.keep_last is not None:
                 candidates = (*kept, step)
@@ -166,8 +168,9 @@ class CheckpointManager:
             kept, best_step or old.best_step, best if best is not None else old.best_value,
             unscheduled,
         )  # fmt: skip
-        if best_value is not None:
-            names.insert(1, files.BEST)  # after last.pt, before step_N.pt
+        if best_value is not None:  # after last.pt, before step_N.pt; last.pt also at a
+            # validation-only boundary: --resume auto continues from the newest checkpoint
+            names = [files.LAST, files.BEST, *names[1:]]
         if not names:
             return
         self._write(names, retention)
@@ -181,7 +184,7 @@ class CheckpointManager:
                 {"step": step, "metric": self.config.best.metric, "value": best_value,
                  "file": files.BEST},
             )  # fmt: skip
-        shown = [n for n in names if n != files.LAST] or names
+        shown = [n for n in names if n != files.LAST]
         LOG.info("checkpoint", file=",".join(shown))
 
     def save(self, local_state: LocalState, name: str | None = None) -> Path | None:
