@@ -46,9 +46,11 @@ class ReplayZarrDataset(EpisodeDataset):
 
     #: Row where each episode starts in every ``data/`` array (int64, one per episode).
     starts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    #: The opened ``data`` group and the process that opened it: a zip store's file
-    #: handle must not be shared with forked loader workers, so each process reopens.
+    #: The opened ``data`` group, its arrays (opening one reads its metadata, so each is
+    #: opened once) and the process that opened them: a zip store's file handle must not
+    #: be shared with forked loader workers, so each process reopens.
     _group: Any = field(default=None, repr=False, compare=False)
+    _arrays: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     _pid: int | None = field(default=None, repr=False, compare=False)
 
     # ------------------------------------------------------------ detection
@@ -103,7 +105,7 @@ class ReplayZarrDataset(EpisodeDataset):
             raise DatasetError(f"{path}: damaged zarr store ({one_line(exc, limit=200)})") from None
         if not arrays:
             raise DatasetError(f"{path}: no arrays under data/")
-        starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
+        starts = np.concatenate([[0], ends])[:-1].astype(np.int64)
         lengths = ends - starts
         if (lengths < 0).any():
             raise DatasetError(f"{path}: meta/episode_ends decreases: {ends.tolist()}")
@@ -122,6 +124,7 @@ class ReplayZarrDataset(EpisodeDataset):
             lengths=lengths,
             starts=starts,
             _group=root["data"],
+            _arrays=arrays,
             _pid=os.getpid(),
         )
 
@@ -132,7 +135,7 @@ class ReplayZarrDataset(EpisodeDataset):
         _check_range(self, episode, start, stop)
         first = int(self.starts[episode])
         try:
-            rows = self._data()[feature][first + start : first + stop]
+            rows = self._array(feature)[first + start : first + stop]
         except Exception as exc:  # noqa: BLE001 - a chunk that fails to decode is one line
             raise DatasetError(
                 f"{self.path}: cannot read data/{feature} rows {first + start}..{first + stop - 1} "
@@ -140,14 +143,16 @@ class ReplayZarrDataset(EpisodeDataset):
             ) from None
         return np.asarray(rows, dtype=spec.dtype).reshape((stop - start, *spec.shape))
 
-    def _data(self) -> Any:
+    def _array(self, name: str) -> Any:
         if self._group is None or self._pid != os.getpid():
-            self._group = _open_root(self.path)["data"]
+            self._group, self._arrays = _open_root(self.path)["data"], {}
             self._pid = os.getpid()
-        return self._group
+        if name not in self._arrays:
+            self._arrays[name] = self._group[name]
+        return self._arrays[name]
 
     def close(self) -> None:
-        group, self._group = self._group, None
+        group, self._group, self._arrays = self._group, None, {}
         store = getattr(group, "store", None)
         if store is not None and hasattr(store, "close") and self._pid == os.getpid():
             store.close()
@@ -155,7 +160,7 @@ class ReplayZarrDataset(EpisodeDataset):
     def __getstate__(self) -> dict[str, Any]:
         """Pickles without the open group (spawned workers reopen the store)."""
         state = dict(self.__dict__)
-        state["_group"], state["_pid"] = None, None
+        state["_group"], state["_arrays"], state["_pid"] = None, {}, None
         return state
 
 
