@@ -23,6 +23,7 @@ from slhub.distributed import distributed_run
 from slhub.errors import (
     ArtifactError,
     CheckpointError,
+    DatasetError,
     ExportError,
     PluginError,
     RankFailure,
@@ -50,6 +51,7 @@ _LAZY = {
 
 __all__ = [
     "ArtifactError",
+    "DatasetError",
     "CheckpointError",
     "ExportError",
     "LossResult",

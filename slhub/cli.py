@@ -6,6 +6,7 @@ slhub plugins
 slhub inspect CKPT
 slhub export --checkpoint CKPT --out DIR [--plugin NAME]
 slhub plot RUN_DIR [--out FILE.png]
+slhub data info|check PATH [--format NAME]; slhub data convert SRC DST [--format NAME]
 slhub --version
 
 Exit status: 0 done; 2 bad input or a rank failure (one line); 75 preempted (a
@@ -167,7 +168,44 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument(
         "--out", metavar="FILE.png", help="image to write (default: RUN_DIR/metrics.png)"
     )
+    data = _command(
+        sub,
+        "data",
+        "describe, check or convert a robot dataset (LeRobot, robomimic, zarr, Minari, NeRD, "
+        "slhub's store)",
+        "examples:\n  slhub data info path/to/lerobot_dataset\n"
+        "  slhub data check demos.hdf5\n  slhub data convert replay.zarr datasets/pusht\n\n"
+        + EXIT_CODES,
+    )
+    actions = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
+    for action, summary in (
+        ("info", "format, episodes, fps, features (shape, dtype, names), splits, statistics"),
+        ("check", "read every value: non-finite values, empty or short episodes, bad files"),
+        ("convert", "copy into slhub's store (one .npy per feature), atomically"),
+    ):
+        parser_ = actions.add_parser(action, help=summary, description=summary)
+        parser_.add_argument("path", metavar="PATH" if action != "convert" else "SRC")
+        if action == "convert":
+            parser_.add_argument("destination", metavar="DST", help="a new directory")
+        if action == "check":
+            parser_.add_argument(
+                "--min-length", type=int, default=1, help="the fewest steps an episode may have"
+            )
+        parser_.add_argument(
+            "--format", default="auto", help="reader name (default: detected from the files)"
+        )
     return parser
+
+
+def _data(args: argparse.Namespace) -> None:
+    from slhub.data import command
+
+    if args.data_command == "info":
+        print(command.info(args.path, args.format))
+    elif args.data_command == "check":
+        print(command.check(args.path, args.format, args.min_length))
+    else:
+        print(command.convert(args.path, args.destination, args.format))
 
 
 def _train(args: argparse.Namespace) -> None:
@@ -233,6 +271,7 @@ COMMANDS = {
     "inspect": _inspect,
     "export": _export,
     "plot": _plot,
+    "data": _data,
 }
 
 #: Each command's path arguments: (attribute, the name a message gives it).
@@ -241,6 +280,7 @@ PATH_ARGUMENTS: dict[str, tuple[tuple[str, str], ...]] = {
     "inspect": (("checkpoint", "CKPT"),),
     "export": (("checkpoint", "--checkpoint"), ("out", "--out")),
     "plot": (("run_dir", "RUN_DIR"), ("out", "--out")),
+    "data": (("path", "PATH"), ("destination", "DST")),
 }
 
 

@@ -28,6 +28,10 @@ class CheckpointError(SlhubError):
     """A checkpoint that is missing, damaged, foreign or incompatible with the run."""
 
 
+class DatasetError(SlhubError):
+    """A dataset that is missing, of an unknown format, damaged, or unfit for the recipe."""
+
+
 class ArtifactError(SlhubError):
     """An output directory that cannot be claimed or resumed into."""
 

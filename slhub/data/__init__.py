@@ -16,7 +16,17 @@ data.
 - :mod:`slhub.data.splits` — :class:`SplitCache` (each split made once per recipe
   section) and :func:`split_seed` (validation uses ``seed + 1``).
 
-Its modules need numpy only; :func:`wrap_angle` also accepts torch tensors.
+Recorded robot data (the episode-dataset layer):
+
+- :mod:`slhub.data.episodes` — the contract: :class:`EpisodeDataset` (episodes of
+  named :class:`Feature` s), :func:`open_dataset` (readers by format from the
+  entry-point group ``slhub.datasets``, or detected), :class:`ArrayEpisodes`.
+- :mod:`slhub.data.windows` — :class:`Window` (per-feature step offsets; excluded
+  or padded at episode edges with ``<feature>_is_pad``) and :func:`sample_anchors`.
+- :mod:`slhub.data.store` — slhub's own store (:class:`StoreDataset`,
+  :func:`write_store`); :mod:`slhub.data.statistics` — :func:`feature_statistics`;
+  :mod:`slhub.data.identity` — :func:`fingerprint` and :func:`split_episodes`.
+- :mod:`slhub.data.readers` — LeRobot, robomimic, zarr, Minari and NeRD files.
 """
 
 from slhub.data.angles import wrap_angle
@@ -37,10 +47,37 @@ from slhub.data.cartpole import (
     state_deltas,
 )
 from slhub.data.cartpole import FORMAT as CARTPOLE_FORMAT
+from slhub.data.episodes import (
+    READER_GROUP,
+    ArrayEpisodes,
+    EpisodeDataset,
+    Feature,
+    open_dataset,
+    readers,
+)
+from slhub.data.identity import Split, fingerprint, split_episodes
 from slhub.data.splits import SplitCache, split_seed
+from slhub.data.statistics import feature_statistics
+from slhub.data.store import StoreDataset, write_store
+from slhub.data.windows import PAD_SUFFIX, Window, sample_anchors
 
 __all__ = [
     "ACTION_NAMES",
+    "ArrayEpisodes",
+    "EpisodeDataset",
+    "Feature",
+    "PAD_SUFFIX",
+    "READER_GROUP",
+    "Split",
+    "StoreDataset",
+    "Window",
+    "feature_statistics",
+    "fingerprint",
+    "open_dataset",
+    "readers",
+    "sample_anchors",
+    "split_episodes",
+    "write_store",
     "CARTPOLE_FORMAT",
     "CART_MASS",
     "DT",
