@@ -62,9 +62,9 @@ class Preempted(SlhubError):
 class StopSignals:
     """Installs stop handlers for the life of a run (main thread only) and remembers the first.
 
-    Use as a context manager; the previous handlers come back on exit, unless a
-    stop was received in a process slhub owns (:func:`own_process`): then the
-    signals stay ignored until the process exits.
+    Use as a context manager; the previous handlers come back on exit, unless slhub
+    owns the process (:func:`own_process`): then the signals stay ignored until the
+    process exits, so a signal after the last update leaves its exit status alone.
     """
 
     def __init__(self, names: list[str] | tuple[str, ...]) -> None:
@@ -106,7 +106,9 @@ class StopSignals:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        keep_out = _owns_process and self.received is not None
+        # a process slhub owns has only its exit left, whatever the run's outcome: a stop
+        # signal now (a requeue racing the end) must not turn status 0, 2 or 75 into 143
+        keep_out = _owns_process
         for signum, previous in self._previous.items():
             signal.signal(signum, signal.SIG_IGN if keep_out else previous)
         self._previous.clear()

@@ -125,16 +125,23 @@ def train(
 
 
 def _train_on(admitted: Recipe | Exception, request: StartRequest, device: torch.device) -> Path:
-    loop, plan, error = _admit(admitted, request, device)
-    _agree_or_raise(error, device)
-    assert loop is not None and plan is not None
     run_lock: artifacts.RunLock | None = None
     identity: dict[str, Any] | None = None
     metrics: artifacts.MetricsLog | None = None
     try:
+        run_lock, loop, plan, error = _admit(admitted, request, device)
+        _agree_or_raise(error, device)
+        assert plan is not None and isinstance(admitted, Recipe)
+        if _complete(plan, admitted):  # a requeue of a finished run: nothing to do, exit 0
+            assert plan.checkpoint is not None
+            LOG.info(
+                "done", step=plan.checkpoint.step, already="complete", checkpoint=str(plan.path)
+            )
+            return Path(admitted.trainer.output_dir)
+        assert loop is not None
         if loop.is_main:
             try:
-                run_lock, identity, metrics = _open_run_directory(loop, plan)
+                run_lock, identity, metrics = _open_run_directory(loop, plan, run_lock)
             except Exception as exc:  # noqa: BLE001 - agreed on below
                 error = _logged(exc)
         _agree_or_raise(error, device)
@@ -145,6 +152,12 @@ def _train_on(admitted: Recipe | Exception, request: StartRequest, device: torch
             metrics.close()
         if run_lock is not None:
             run_lock.release()
+
+
+def _complete(plan: ResumePlan, recipe: Recipe) -> bool:
+    """``--resume auto`` found the run already at ``trainer.steps``."""
+    ckpt = plan.checkpoint
+    return plan.request.auto and ckpt is not None and ckpt.step >= recipe.trainer.steps
 
 
 def _fit(
@@ -178,13 +191,17 @@ def _fit(
 
 def _admit(
     admitted: Recipe | Exception, request: StartRequest, device: torch.device
-) -> tuple[Loop | None, ResumePlan | None, BaseException | None]:
-    """Everything a rank builds before training, with no side effects.
+) -> tuple[artifacts.RunLock | None, Loop | None, ResumePlan | None, BaseException | None]:
+    """Everything a rank builds before training, with no side effects but one: under
+    ``--resume auto`` rank 0 locks the run directory before it reads ``last.pt``, so a
+    run waiting on another writer never resumes from a checkpoint that writer replaced.
 
-    Returns the loop and the resume plan, or this rank's error, held for the
-    admission agreement. Every rank reaches the checkpoint exchange with rank 0
-    (collectives), whatever failed before it.
+    Returns the lock (rank 0, ``--resume auto``), the loop and the resume plan, or this
+    rank's error, held for the admission agreement. Every rank reaches the checkpoint
+    exchange with rank 0 (collectives), whatever failed before it. The loop is not
+    built for a run that is already complete.
     """
+    run_lock: artifacts.RunLock | None = None
     error: BaseException | None = None
     recipe: Recipe | None = None
     plugins: registry.Plugins | None = None
@@ -200,6 +217,8 @@ def _admit(
                     raise PluginError(f"recipe section {name!r} is claimed twice")
                 sections[name] = model
         recipe.validate_sections(sections)
+        if request.auto and distributed.rank() == 0:
+            run_lock = artifacts.lock(Path(recipe.trainer.output_dir))
     except Exception as exc:  # noqa: BLE001 - held for the agreement
         error = _logged(exc)
     ok = error is None and recipe is not None and plugins is not None
@@ -211,15 +230,17 @@ def _admit(
         failed=not ok,
     )
     if error is not None or plan_error is not None:
-        return None, None, error or _logged(plan_error)
+        return run_lock, None, None, error or _logged(plan_error)
     assert recipe is not None and plugins is not None and plan is not None
+    if _complete(plan, recipe):
+        return run_lock, None, plan, None
     try:
         loop = Loop(recipe, plugins, device)
         if plan.checkpoint is not None:
             loop.resume_from(plan.checkpoint)
     except Exception as exc:  # noqa: BLE001 - held for the agreement
-        return None, None, _logged(exc)
-    return loop, plan, None
+        return run_lock, None, None, _logged(exc)
+    return run_lock, loop, plan, None
 
 
 def _agree_or_raise(error: BaseException | None, device: torch.device) -> None:
@@ -238,11 +259,12 @@ def _agree_or_raise(error: BaseException | None, device: torch.device) -> None:
 
 
 def _open_run_directory(
-    loop: Loop, plan: ResumePlan
+    loop: Loop, plan: ResumePlan, held: artifacts.RunLock | None = None
 ) -> tuple[artifacts.RunLock, dict[str, Any], artifacts.MetricsLog]:
-    """Rank 0: lock the output dir, then claim it fresh or reopen the checkpoint's run in
-    place. Returns the lock, the identity checkpoints carry and the metrics log."""
-    run_lock = artifacts.lock(loop.output_dir)
+    """Rank 0: lock the output dir (unless admission ``held`` it already), then claim it
+    fresh or reopen the checkpoint's run in place. Returns the lock, the identity
+    checkpoints carry and the metrics log."""
+    run_lock = held if held is not None else artifacts.lock(loop.output_dir)
     try:
         identity, metrics = _claim_or_reopen(loop, plan)
     except BaseException:
