@@ -1,7 +1,7 @@
 """Command line: parse arguments, call the library, map SlhubError to one line and exit 2.
 
 slhub train --config RECIPE.yaml [--set a.b=VALUE ...] [--resume CKPT|auto] [--overwrite]
-            [--allow-source-change] [--log-format console|json]
+            [--allow-source-change] [--allow-dataset-change] [--log-format console|json]
 slhub plugins
 slhub inspect CKPT
 slhub export --checkpoint CKPT --out DIR [--plugin NAME]
@@ -109,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="resume although the slhub or torch version or a plugin's code differs from "
         "the checkpoint's (the run records what changed)",
+    )
+    train.add_argument(
+        "--allow-dataset-change",
+        action="store_true",
+        help="resume although a dataset the plugins train on differs from the checkpoint's "
+        "(content, episodes, split; the run records what changed)",
     )
     train.add_argument(
         "--overwrite",
@@ -227,6 +233,7 @@ def _train(args: argparse.Namespace) -> None:
             log_format=args.log_format,
             overwrite=args.overwrite,
             allow_source_change=args.allow_source_change,
+            allow_dataset_change=args.allow_dataset_change,
         )
     finally:
         if args.whole_process:
@@ -286,13 +293,16 @@ PATH_ARGUMENTS: dict[str, tuple[tuple[str, str], ...]] = {
 
 def _check_paths(args: argparse.Namespace) -> None:
     """Refuse an empty path or a NUL byte before any work, naming the argument:
-    ``Path("")`` quietly means the current directory (``--out ""`` would use it)."""
+    ``Path("")`` quietly means the current directory (``--out ""`` would use it).
+    A leading ``~`` (which a quoted argument or ``--out=~/x`` keeps) is expanded to
+    the home directory here, and the expanded path is the one every command uses."""
     from slhub.paths import user_path
 
     for attribute, name in PATH_ARGUMENTS.get(args.command, ()):
         value = getattr(args, attribute, None)
         if value is not None:
             user_path(value, name)
+            setattr(args, attribute, os.path.expanduser(value))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -113,6 +113,14 @@ class Trainer(Protocol):
     def section(self, name: str) -> Any:
         """The validated recipe section ``name`` (a pydantic model) a plugin owns."""
 
+    def record_dataset(self, name: str, dataset: Any, split: Any = None) -> dict[str, Any]:
+        """Record a dataset this plugin trains on (an :class:`slhub.data.EpisodeDataset`)
+        and its ``split`` (a :class:`slhub.data.Split`) in the run identity, from
+        ``build_model``: run.json and every checkpoint carry its fingerprint, and a resume
+        against a changed dataset or split is refused in one line naming what changed
+        (``--allow-dataset-change`` accepts it and records the change). Returns the entry.
+        """
+
     def save(self, name: str | None = None) -> Path | None:
         """Write a checkpoint of the committed state now (``step_N.pt`` and last.pt).
 

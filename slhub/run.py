@@ -47,6 +47,7 @@ def train(
     plugins: list[Any] | None = None,
     overwrite: bool = False,
     allow_source_change: bool = False,
+    allow_dataset_change: bool = False,
 ) -> Path:
     """Run a recipe on this process (one rank of a torchrun job, or alone).
 
@@ -59,6 +60,8 @@ def train(
         (into a dated ``superseded-*`` folder) and start fresh.
     :param allow_source_change: resume although the slhub or torch version or a
         plugin's code differs from the checkpoint's; the run records what changed.
+    :param allow_dataset_change: resume although a dataset a plugin recorded differs
+        from the checkpoint's (content, episodes, split); the run records what changed.
     :param plugin: replaces the recipe's model plugin: a name or a plugin object
         (for example a class defined in a notebook cell).
     :param plugins: replaces the recipe's list of further plugins (names or objects).
@@ -103,7 +106,7 @@ def train(
     log.configure(log_format, distributed.env_rank(), distributed.env_world_size())
     if overwrite and resume is not None:
         raise SlhubError("--overwrite starts a run over; it cannot be combined with --resume")
-    request = StartRequest(resume, overwrite, allow_source_change)
+    request = StartRequest(resume, overwrite, allow_source_change, allow_dataset_change)
     if distributed.launched_by_torchrun():
         preemption.stop_with_parent()
     # read once, on every rank; a recipe that does not load fails admission on every
@@ -237,7 +240,7 @@ def _admit(
     try:
         loop = Loop(recipe, plugins, device)
         if plan.checkpoint is not None:
-            loop.resume_from(plan.checkpoint)
+            loop.resume_from(plan.checkpoint, request.allow_dataset_change)
     except Exception as exc:  # noqa: BLE001 - held for the agreement
         return run_lock, None, None, _logged(exc)
     return run_lock, loop, plan, None
@@ -286,6 +289,7 @@ def _claim_or_reopen(loop: Loop, plan: ResumePlan) -> tuple[dict[str, Any], arti
         if moved is not None:
             LOG.warning("moved old artifacts aside", folder=str(moved))
     changes = list(plan.source_changes)
+    data_changes = list(loop.dataset_changes)
     in_place = ckpt is not None and artifacts.check_resume_destination(folder, ckpt.run)
     if in_place:
         assert ckpt is not None and ckpt.run is not None
@@ -293,10 +297,16 @@ def _claim_or_reopen(loop: Loop, plan: ResumePlan) -> tuple[dict[str, Any], arti
         if changes:  # later checkpoints carry the code that wrote them
             history = [*ckpt.run.get("source_changes", []), {"step": ckpt.step, "changes": changes}]
             identity = {
-                **ckpt.run,
+                **identity,
                 "source": _source_identity(loop.plugins),
                 "source_changes": history,
             }
+        if data_changes:  # ... and the data they trained on
+            history = [
+                *ckpt.run.get("dataset_changes", []),
+                {"step": ckpt.step, "changes": data_changes},
+            ]
+            identity = {**identity, "datasets": loop.datasets, "dataset_changes": history}
     else:
         resumed_from = None
         if ckpt is not None:
@@ -308,6 +318,8 @@ def _claim_or_reopen(loop: Loop, plan: ResumePlan) -> tuple[dict[str, Any], arti
             }
             if changes:
                 resumed_from["source_changes"] = changes
+            if data_changes:
+                resumed_from["dataset_changes"] = data_changes
         identity = artifacts.new_identity(
             recipe=loop.recipe.to_dict(),
             recipe_digest=loop.recipe.digest(),
@@ -315,6 +327,8 @@ def _claim_or_reopen(loop: Loop, plan: ResumePlan) -> tuple[dict[str, Any], arti
             source=_source_identity(loop.plugins),
             resumed_from=resumed_from,
         )
+        if loop.datasets:
+            identity["datasets"] = loop.datasets
         artifacts.claim(folder, identity)
     metrics = artifacts.MetricsLog(folder / artifacts.METRICS_FILE)
     if in_place:

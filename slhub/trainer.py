@@ -112,6 +112,20 @@ class TrainerBase:
         except KeyError:
             raise PluginError(f"recipe has no validated section {name!r}") from None
 
+    def record_dataset(self, name: str, dataset: Any, split: Any = None) -> dict[str, Any]:
+        """Record ``dataset`` (and its ``split``) in the run identity: its fingerprint
+        is compared on resume (:meth:`slhub.checkpoint.CheckpointManager.apply`)."""
+        from slhub.data import fingerprint
+
+        entry: dict[str, Any] = {"fingerprint": fingerprint(dataset), "path": str(dataset.path)}
+        if split is not None:
+            entry["split"] = split.to_dict() if hasattr(split, "to_dict") else split
+        recorded = self.__dict__.setdefault("datasets", {})
+        if name in recorded:
+            raise PluginError(f"dataset {name!r} is recorded twice")
+        recorded[name] = entry
+        return entry
+
 
 class Loop(TrainerBase):
     """One rank's training loop; every hook receives it as ``trainer``."""
@@ -130,6 +144,9 @@ class Loop(TrainerBase):
         self.run_id: str | None = None
         self.metrics: MetricsLog | None = None
         self.stop_signals: StopSignals | None = None
+        #: What :meth:`record_dataset` recorded, by name, and the changes a resume accepted.
+        self.datasets: dict[str, dict[str, Any]] = {}
+        self.dataset_changes: list[str] = []
         self._in_commit = False
         self._held: tuple[str, BaseException] | None = None
 
@@ -180,9 +197,11 @@ class Loop(TrainerBase):
         """The fp16 gradient scaler, or None."""
         return self.precision.scaler
 
-    def resume_from(self, ckpt: Checkpoint) -> None:
-        """Continue from ``ckpt`` (every rank): model, optimizer, schedule, plugins."""
-        self.checkpoints.apply(ckpt)
+    def resume_from(self, ckpt: Checkpoint, allow_dataset_change: bool = False) -> None:
+        """Continue from ``ckpt`` (every rank): model, optimizer, schedule, plugins; the
+        dataset changes accepted with ``allow_dataset_change`` are kept in
+        ``dataset_changes`` for the run identity."""
+        self.dataset_changes = self.checkpoints.apply(ckpt, allow_dataset_change)
 
     # ------------------------------------------------------------------- loop
 

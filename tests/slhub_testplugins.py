@@ -444,3 +444,19 @@ class ValidationTracker(SlDdpPlugin):
         self.best = tracker.get("best")
         self.patience = tracker.get("patience", 0)
         self.validations = tracker.get("count", 0)
+
+
+class DatasetProbe(SlDdpPlugin):
+    """Records the dataset at ``SLHUB_PROBE_DATASET`` (split by ``SLHUB_PROBE_SPLIT_SEED``)
+    from ``build_model``, as a plugin that trains on recorded data does."""
+
+    @hookimpl
+    def build_model(self, trainer):
+        from slhub.data import open_dataset, split_episodes
+
+        dataset = open_dataset(os.environ["SLHUB_PROBE_DATASET"])
+        seed = int(os.environ.get("SLHUB_PROBE_SPLIT_SEED", "0"))
+        trainer.record_dataset(
+            "demos", dataset, split_episodes(dataset, validation_ratio=0.25, seed=seed)
+        )
+        return super().build_model(trainer)

@@ -33,7 +33,7 @@ from slhub import log
 from slhub.artifacts import MetricsLog, record_best
 from slhub.checkpoint.gather import gather_rank_states, snapshot
 from slhub.checkpoint.schema import Checkpoint, Retention, check_fits, check_state_loadable
-from slhub.errors import CheckpointError, SlhubError, one_line
+from slhub.errors import CheckpointError, DatasetError, SlhubError, one_line
 from slhub.recipe import TrainerConfig
 
 LOG = log.get_logger()
@@ -229,10 +229,18 @@ class CheckpointManager:
 
     # ---------------------------------------------------------------- resume
 
-    def apply(self, ckpt: Checkpoint) -> None:
+    def apply(self, ckpt: Checkpoint, allow_dataset_change: bool = False) -> list[str]:
         """Load ``ckpt`` into the owner's model, optimizer, schedule, scaler and plugins
-        (every rank) and continue its retention."""
+        (every rank) and continue its retention. The datasets the plugins recorded while
+        building must be the checkpoint's; returns the differences accepted with
+        ``allow_dataset_change``."""
         owner = self._owner
+        changes = dataset_differences(ckpt, getattr(owner, "datasets", {}))
+        if changes and not allow_dataset_change:
+            raise DatasetError(
+                f"the dataset differs from the checkpoint's: {'; '.join(changes)}; exact "
+                "recovery needs the same data (pass --allow-dataset-change to resume anyway)"
+            )
         check_fits(ckpt, owner.model, owner.optimizer)
         try:
             owner.model.load_state_dict(ckpt.model)
@@ -258,3 +266,24 @@ class CheckpointManager:
                 "nothing to train; raise trainer.steps to continue"
             )
         self.retention = ckpt.retention
+        return changes
+
+
+def dataset_differences(ckpt: Checkpoint, current: dict[str, dict[str, Any]]) -> list[str]:
+    """What differs between the datasets a checkpoint's run recorded and this run's, in
+    words. A checkpoint written before runs recorded datasets is not compared."""
+    from slhub.data.identity import differences
+
+    recorded = (ckpt.run or {}).get("datasets")
+    if recorded is None:
+        return []
+    out = []
+    for name in sorted(set(recorded) | set(current)):
+        old, new = recorded.get(name), current.get(name)
+        if old is None or new is None:
+            out.append(f"dataset {name} {'added' if old is None else 'no longer recorded'}")
+            continue
+        out += [f"dataset {name}: {d}" for d in differences(old["fingerprint"], new["fingerprint"])]
+        if old.get("split") != new.get("split"):
+            out.append(f"dataset {name}: split changed")
+    return out

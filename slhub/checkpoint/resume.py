@@ -38,6 +38,7 @@ class StartRequest:
     resume: str | Path | None = None
     overwrite: bool = False
     allow_source_change: bool = False
+    allow_dataset_change: bool = False
 
     @property
     def auto(self) -> bool:
