@@ -25,13 +25,24 @@ def user_path(
     ``Path("")`` means the current directory and a NUL byte makes pathlib raise
     ValueError, or answer False from ``exists()``; either would surface far from
     the argument at fault. ``what`` names the argument (``--out``, ``recipe file``).
+    A leading ``~`` or ``~user`` is expanded as a shell would (a quoted argument, a
+    YAML value or a path from Python gets no shell expansion), never taken literally
+    as a directory named ``~``; an unknown user is refused.
     """
     text = os.fspath(path)
     if not text:
         raise error(f"{what}: empty path")
     if "\0" in text:
         raise error(f"{what} {text!r}: a path cannot hold a NUL byte")
-    return Path(text)
+    expanded = os.path.expanduser(text)
+    if expanded.startswith("~"):
+        raise error(f"{what} {text}: {home_of(text)}: no such user's home directory")
+    return Path(expanded)
+
+
+def home_of(text: str) -> str:
+    """The ``~`` or ``~user`` a path starts with (``os.path.expanduser`` expands it)."""
+    return text.split(os.sep, 1)[0]
 
 
 def reason(exc: BaseException) -> str:

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from slhub.errors import RecipeError, one_line
-from slhub.paths import reason, user_path
+from slhub.paths import home_of, reason, user_path
 
 #: Trainer keys that may differ between a checkpoint's recipe and a resumed run's.
 RESUMABLE_KEYS: frozenset[str] = frozenset(
@@ -107,10 +107,17 @@ class TrainerConfig(BaseModel):
     @field_validator("output_dir")
     @classmethod
     def _nameable(cls, value: str) -> str:
-        """No OS call takes a NUL byte; refused here, not as a ValueError mid-run."""
+        """No OS call takes a NUL byte; refused here, not as a ValueError mid-run. A
+        leading ``~`` or ``~user`` is the home directory, as in a shell (a YAML file or
+        a quoted ``--set`` gets no shell expansion), never a directory named ``~``."""
         if "\0" in value:
             raise PydanticCustomError("path_nul", "must not contain a NUL byte")
-        return value
+        expanded = os.path.expanduser(value)
+        if expanded.startswith("~"):
+            raise PydanticCustomError(
+                "path_home", "{home}: no such user's home directory", {"home": home_of(value)}
+            )
+        return expanded
 
     stop_signals: list[Literal["SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP"]] = Field(
         default_factory=lambda: ["SIGTERM", "SIGUSR1"]
@@ -302,11 +309,15 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not sep or not key.strip() or any(not p for p in key.strip().split(".")):
         raise RecipeError(f"--set {text!r}: expected KEY.PATH=VALUE")
     try:
-        parsed = yaml.safe_load(value) if value.strip() else ""
+        # the recipe's own loader: merge keys, no repeated keys, aliases bounded
+        parsed = yaml.load(value, Loader=_RecipeLoader) if value.strip() else ""  # noqa: S506
     except yaml.YAMLError as exc:
-        raise RecipeError(f"--set {text!r}: value is not valid YAML ({one_line(exc)})") from None
+        problem = getattr(exc, "problem", None) or one_line(exc)
+        raise RecipeError(f"--set {_brief(text)!r}: value is not valid YAML ({problem})") from None
     except RecursionError:  # the YAML parser recurses once per level
         raise RecipeError(f"--set {_brief(text)}: value is {_TOO_DEEP}") from None
+    except _AliasBomb as exc:
+        raise RecipeError(f"--set {_brief(text)}: {exc}") from None
     if isinstance(parsed, str) and _EXPONENT_FLOAT.fullmatch(parsed):
         parsed = float(parsed)  # YAML 1.1 reads 1e-3 as a string; here it means a number
     return key.strip().split("."), parsed
@@ -322,8 +333,10 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     for text in overrides:
         path, value = parse_override(text)
         node = data
-        for part in path[:-1]:
+        for depth, part in enumerate(path[:-1]):
             child = node.get(part)
+            if isinstance(child, (list, tuple)) or (child is None and path[depth + 1].isdigit()):
+                raise RecipeError(_cannot_index(text, path[: depth + 1], path[depth + 1], value))
             if child is None:
                 child = {}
             if not isinstance(child, dict):
@@ -334,12 +347,48 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml's SafeLoader, refusing a mapping that repeats a key (yaml keeps the last silently)."""
+def _cannot_index(text: str, path: list[str], index: str, value: Any) -> str:
+    """The refusal of ``--set a.list.0=VALUE``, showing how to give the whole list."""
+    key = ".".join(path)
+    example = json.dumps([value] if index.isdigit() else [{index: value}], default=str)
+    return (
+        f"--set {_brief(text)}: --set cannot index into a list ({key}); give the whole "
+        f"list as YAML, e.g. --set '{key}={example}'"
+    )
+
+
+#: Nodes that YAML aliases (``*name``) may add to a recipe or a ``--set`` value when
+#: expanded: each alias stands for a copy of its anchor's whole value, so a few hundred
+#: bytes of nested aliases expand to billions of nodes (an "alias bomb") once the recipe
+#: is copied, validated or digested. Real recipes alias a handful of small mappings.
+MAX_ALIAS_NODES = 100_000
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class _AliasBomb(Exception):
+    """A YAML document whose aliases expand past :data:`MAX_ALIAS_NODES`."""
+
+
+class _RecipeLoader(yaml.SafeLoader):
+    """yaml's SafeLoader (merge keys ``<<: *defaults`` included), refusing a mapping that
+    repeats a key (yaml keeps the last silently) and a document whose aliases expand to
+    more than :data:`MAX_ALIAS_NODES` nodes, before anything is constructed."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        added = _expanded_nodes(node) - _distinct_nodes(node)
+        if added > MAX_ALIAS_NODES:
+            raise _AliasBomb(
+                f"YAML aliases expand to {added} nodes more than written, over the limit of "
+                f"{MAX_ALIAS_NODES} (an alias bomb); write the values out or alias less"
+            )
+        return super().construct_document(node)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
         for key_node, _ in node.value:
+            if key_node.tag == _MERGE_TAG:  # ``<<``: merged keys may be overridden here
+                continue
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
@@ -349,12 +398,52 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [child for pair in node.value for child in pair]
+    return []
+
+
+def _distinct_nodes(root: yaml.Node) -> int:
+    """Nodes of a composed document, each counted once however many aliases name it."""
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) not in seen:
+            seen.add(id(node))
+            stack.extend(_children(node))
+    return len(seen)
+
+
+def _expanded_nodes(root: yaml.Node) -> int:
+    """Nodes of a composed document with every alias expanded: each node counts as often
+    as it is reached. Memoised per node and walked without recursion, so a bomb costs
+    time linear in its written size; a node reached again while being counted (a
+    recursive anchor) counts once here and is refused as nested too deeply later."""
+    size: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        if done:
+            size[id(node)] = 1 + sum(size.get(id(child), 1) for child in _children(node))
+            continue
+        if id(node) in size:
+            continue
+        size[id(node)] = 1  # in progress: a cycle back to it counts once
+        stack.append((node, True))
+        stack.extend((child, False) for child in _children(node) if id(child) not in size)
+    return size[id(root)]
+
+
 def read_recipe_file(path: str | Path) -> dict[str, Any]:
     """Read a recipe's YAML mapping, with one-line errors for every failure."""
     path = user_path(path, "recipe file", RecipeError)
     text = _read_recipe_text(path)
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_RecipeLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -362,6 +451,8 @@ def read_recipe_file(path: str | Path) -> dict[str, Any]:
         raise RecipeError(f"{path}: YAML syntax error at {where}{problem}") from None
     except RecursionError:  # the YAML parser recurses once per level
         raise RecipeError(f"{path}: YAML {_TOO_DEEP}") from None
+    except _AliasBomb as exc:
+        raise RecipeError(f"{path}: {exc}") from None
     if not isinstance(data, dict):
         raise RecipeError(f"{path}: a recipe must be a YAML mapping, got {type(data).__name__}")
     return data

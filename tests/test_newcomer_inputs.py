@@ -1,0 +1,178 @@
+"""The last bad inputs a newcomer or an adversary hit (issue 24, item 8): each is one line,
+exit 2 (or the documented status), and leaves no artifact behind; or, where the input is
+good (a YAML merge key, ``~`` in a path), it works as the user meant."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel, ConfigDict
+
+from helpers import REPO, SL_DDP, cli_error
+from helpers import write_recipe as _write
+from slhub import cli, hookimpl
+from slhub.recipe import MAX_ALIAS_NODES, load_recipe
+
+#: Nine levels of ten aliases each, as keys of a section: 10**9 nodes once expanded from
+#: 400 bytes written.
+BOMB = "".join(
+    f"  {name}: &{name} [{', '.join([f'*{prev}' if prev else 'x'] * 10)}]\n"
+    for prev, name in zip(["", *"abcdefgh"], "abcdefghi")
+)
+
+
+class FreeFormSection(BaseModel):
+    """A plugin section that takes any keys (as loggers' and trackers' options often do)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class FreeForm:
+    """An extra plugin owning the free-form section ``notes``."""
+
+    @hookimpl
+    def recipe_sections(self):
+        return {"notes": FreeFormSection}
+
+
+def _free_form(tmp_path: Path) -> Path:
+    """sl_ddp with the extra plugin FreeForm, writing into tmp_path/out."""
+    return _write(
+        tmp_path / "r.yaml",
+        plugins=["test_newcomer_inputs:FreeForm"],
+        trainer__output_dir=str(tmp_path / "out"),
+        trainer__steps=2,
+    )
+
+
+def _recipe(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "r.yaml"
+    path.write_text(text)
+    return path
+
+
+# --- YAML: merge keys accepted, alias expansion bounded --------------------------------
+
+
+def test_yaml_merge_key_is_accepted(capsys, tmp_path: Path):
+    text = f"""
+plugin: examples.sl_ddp.plugin:SlDdpPlugin
+plugins: [test_newcomer_inputs:FreeForm]
+notes:
+  defaults: &defaults
+    steps: 2
+    batch_size: 8
+    lr: 0.001
+    output_dir: {tmp_path / "out"}
+    device: cpu
+trainer:
+  <<: *defaults
+  batch_size: 4
+"""
+    recipe = load_recipe(_recipe(tmp_path, text))
+    assert (recipe.trainer.steps, recipe.trainer.batch_size) == (2, 4)  # merged, then overridden
+    assert cli.main(["train", "--config", str(tmp_path / "r.yaml")]) == 0, capsys.readouterr().err
+    assert (tmp_path / "out" / "last.pt").is_file()
+
+
+def test_yaml_merge_key_in_a_set_value():
+    recipe = load_recipe(SL_DDP, ["model={<<: {hidden: 8}, extra: 1}"])
+    assert recipe.data["model"] == {"hidden": 8, "extra": 1}
+
+
+def test_repeated_keys_beside_a_merge_key_are_still_refused(capsys, tmp_path: Path):
+    text = SL_DDP.read_text().replace("model:\n", "base: &b {hidden: 3}\nmodel:\n  <<: *b\n")
+    text = text.replace("  hidden: 32", "  hidden: 32\n  hidden: 16")
+    line = cli_error(capsys, "train", "--config", str(_recipe(tmp_path, text)))
+    assert "duplicate key 'hidden'" in line
+
+
+def test_alias_bomb_in_a_recipe_is_refused_before_any_artifact(capsys, tmp_path: Path):
+    text = _free_form(tmp_path).read_text() + "notes:\n" + BOMB + "  bomb: *i\n"
+    line = cli_error(capsys, "train", "--config", str(_recipe(tmp_path, text)))
+    assert "r.yaml: YAML aliases expand to" in line and str(MAX_ALIAS_NODES) in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_alias_bomb_in_a_set_value_is_refused_before_any_artifact(capsys, tmp_path: Path):
+    value = "{" + BOMB.strip().replace("\n  ", ", ") + "}"
+    recipe = str(_free_form(tmp_path))
+    line = cli_error(capsys, "train", "--config", recipe, "--set", f"notes.bomb={value}")
+    assert line.startswith("slhub: error: --set notes.bomb=") and "YAML aliases expand" in line
+    assert len(line) < 300
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_free_form_section_trains(capsys, tmp_path: Path):
+    text = _free_form(tmp_path).read_text() + "notes:\n  a: &s [1, 2]\n  b: *s\n"
+    assert cli.main(["train", "--config", str(_recipe(tmp_path, text))]) == 0
+    assert (tmp_path / "out" / "last.pt").is_file()
+
+
+# --- `~` in every path a user writes -----------------------------------------------------
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch) -> Path:
+    """A home directory of its own and a working directory apart from it."""
+    monkeypatch.syspath_prepend(str(REPO))  # the example plugin, from any directory
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    return tmp_path / "home"
+
+
+def test_tilde_in_output_dir_is_the_home_directory(capsys, home: Path):
+    _write(home / "r.yaml", trainer__steps=2, trainer__output_dir="~/runs/a")
+    assert cli.main(["train", "--config", "~/r.yaml"]) == 0, capsys.readouterr().err
+    assert (home / "runs" / "a" / "last.pt").is_file()
+    assert load_recipe(home / "r.yaml").trainer.output_dir == str(home / "runs" / "a")
+    assert not list(home.parent.glob("*/~"))  # no directory literally named ~
+
+
+def test_tilde_in_set_and_cli_path_arguments(capsys, home: Path):
+    _write(home / "r.yaml", trainer__steps=2, trainer__save_every=1)
+    argv = ["train", "--config", "~/r.yaml", "--set", "trainer.output_dir=~/runs/b"]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    assert (home / "runs" / "b" / "step_1.pt").is_file()
+    resumed = [*argv[:-1], "trainer.output_dir=~/runs/c", "--resume", "~/runs/b/step_1.pt"]
+    assert cli.main(resumed) == 0, capsys.readouterr().err
+    assert (home / "runs" / "c" / "last.pt").is_file()
+    capsys.readouterr()
+    assert cli.main(["inspect", "~/runs/c/last.pt"]) == 0, capsys.readouterr().err
+    pytest.importorskip("matplotlib")
+    assert cli.main(["plot", "~/runs/c", "--out", "~/c.png"]) == 0, capsys.readouterr().err
+    assert (home / "c.png").is_file()
+    assert not list(home.parent.glob("*/~"))
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["inspect", "~nosuchuser-slhub/last.pt"],
+        ["train", "--config", "~nosuchuser-slhub/r.yaml"],
+        ["train", "--config", "{recipe}", "--set", "trainer.output_dir=~nosuchuser-slhub/x"],
+    ],
+)
+def test_tilde_of_an_unknown_user_is_refused(capsys, tmp_path: Path, argv):
+    recipe = _write(tmp_path / "r.yaml", trainer__output_dir=str(tmp_path / "out"))
+    line = cli_error(capsys, *[a.replace("{recipe}", str(recipe)) for a in argv])
+    assert "~nosuchuser-slhub: no such user's home directory" in line
+    assert not (tmp_path / "out").exists()
+
+
+# --- `--set` cannot index into a list ----------------------------------------------------
+
+
+@pytest.mark.parametrize("given", [False, True])
+def test_set_into_a_list_says_how_to_give_one(capsys, tmp_path: Path, given: bool):
+    changes = {"trainer__stop_signals": ["SIGTERM"]} if given else {}
+    recipe = _write(tmp_path / "r.yaml", trainer__output_dir=str(tmp_path / "out"), **changes)
+    line = cli_error(
+        capsys, "train", "--config", str(recipe), "--set", "trainer.stop_signals.0=SIGINT"
+    )
+    assert "--set cannot index into a list" in line
+    assert """--set 'trainer.stop_signals=["SIGINT"]'""" in line
+    assert not (tmp_path / "out").exists()
