@@ -26,6 +26,7 @@ from __future__ import annotations
 import datetime as dt
 import fcntl
 import json
+import math
 import os
 import socket
 import uuid
@@ -34,7 +35,7 @@ from typing import Any, TextIO
 
 from slhub.atomic import atomic_write
 from slhub.errors import ArtifactError
-from slhub.paths import path_errors
+from slhub.paths import path_errors, user_path
 
 RUN_FORMAT = "slhub.run/1"
 RUN_FILE = "run.json"
@@ -254,14 +255,43 @@ def check_resume_destination(folder: Path, checkpoint_run: dict[str, Any] | None
 # ------------------------------------------------------------------ metrics
 
 
-def read_metrics(path: Path, *, markers: bool = False) -> list[dict[str, Any]]:
+#: metrics.jsonl is strict JSON, which has no NaN or infinity: a non-finite float is
+#: written as one of these strings, and :func:`read_metrics` reads it back as the float.
+NON_FINITE: dict[str, float] = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+#: Record keys whose string values are text, never a non-finite number.
+_TEXT_KEYS = frozenset({"event", "checkpoint"})
+
+
+def _strict_json(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by its :data:`NON_FINITE` name."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+    if isinstance(value, dict):
+        return {key: _strict_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict_json(item) for item in value]
+    return value
+
+
+def _numbers_back(record: dict[str, Any]) -> dict[str, Any]:
+    """A record's metric values written as :data:`NON_FINITE` names, as floats again."""
+    for key, value in record.items():
+        if isinstance(value, str) and value in NON_FINITE and key not in _TEXT_KEYS:
+            record[key] = NON_FINITE[value]
+    return record
+
+
+def read_metrics(path: str | os.PathLike[str], *, markers: bool = False) -> list[dict[str, Any]]:
     """The effective history of a metrics.jsonl, in order.
 
     A resume marker at update k drops every earlier record with a step after k
     (those updates were redone). An unreadable line is tolerated only where a
     kill can leave one: last, or fenced right before a resume marker. With
-    ``markers`` the resume markers themselves are kept.
+    ``markers`` the resume markers themselves are kept. Metric values written
+    as ``"NaN"``, ``"Infinity"`` or ``"-Infinity"`` (:data:`NON_FINITE`) are
+    returned as floats; so are the bare ``NaN``/``Infinity`` of older files.
     """
+    path = user_path(path, "metrics file", ArtifactError)
     if not path.exists():
         return []
     lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
@@ -274,6 +304,7 @@ def read_metrics(path: Path, *, markers: bool = False) -> list[dict[str, Any]]:
             record = json.loads(line)
             if not isinstance(record, dict):
                 raise ValueError("not an object")
+            _numbers_back(record)
         except ValueError:
             if torn is not None:
                 raise ArtifactError(f"{path}: line {torn + 1} is not JSON") from None
@@ -323,8 +354,11 @@ class MetricsLog:
             self._handle.flush()
 
     def append(self, record: dict[str, Any]) -> None:
+        """Append one record as a line of strict JSON (non-finite floats as their
+        :data:`NON_FINITE` names; ``record`` itself is left as it is)."""
+        line = json.dumps(_strict_json(record), sort_keys=True, allow_nan=False)
         try:
-            self._handle.write((json.dumps(record, sort_keys=True) + "\n").encode())
+            self._handle.write((line + "\n").encode())
             self._handle.flush()
         except OSError as exc:
             raise ArtifactError(f"{self.path}: cannot append metrics ({exc.strerror})") from None

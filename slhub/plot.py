@@ -13,6 +13,7 @@ picture shows can be checked without reading pixels.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,9 @@ def collect(run_dir: Path) -> tuple[dict[str, tuple[list[int], list[float]]], li
 
     A record whose ``step`` is missing or not a non-negative integer cannot be
     placed on the update axis and is skipped; the rest of the run is plotted.
+    So is a non-finite value (NaN, an infinity; metrics.jsonl writes them as
+    ``"NaN"``/``"Infinity"``/``"-Infinity"``, read back as floats): its series
+    shows a gap there.
     Only when such a record stands where a resume marker must be ordered against
     it (read_metrics compares steps there) is the file refused, naming the line.
     """
@@ -98,6 +102,8 @@ def collect(run_dir: Path) -> tuple[dict[str, tuple[list[int], list[float]]], li
         for key, value in record.items():
             wanted = key in ("train/loss", "train/lr") or key.startswith("validation/")
             if wanted and isinstance(value, (int, float)) and not isinstance(value, bool):
+                if not math.isfinite(value):
+                    continue  # NaN or an infinity has no place on the y axis: a gap
                 steps, values = series.setdefault(key, ([], []))
                 steps.append(step)
                 values.append(float(value))

@@ -4,11 +4,14 @@ good (a YAML merge key, ``~`` in a path), it works as the user meant."""
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
 import pytest
 from pydantic import BaseModel, ConfigDict
 
+import slhub
 from helpers import REPO, SL_DDP, cli_error
 from helpers import write_recipe as _write
 from slhub import cli, hookimpl
@@ -176,3 +179,75 @@ def test_set_into_a_list_says_how_to_give_one(capsys, tmp_path: Path, given: boo
     assert "--set cannot index into a list" in line
     assert """--set 'trainer.stop_signals=["SIGINT"]'""" in line
     assert not (tmp_path / "out").exists()
+
+
+# --- metrics.jsonl is strict JSON, non-finite values included ----------------------------
+
+
+class NonFinite:
+    """An extra plugin whose metrics are NaN and infinities (a diverging metric does that)."""
+
+    @hookimpl
+    def on_commit(self, trainer, step, metrics):
+        metrics["train/nan"] = float("nan")
+
+    @hookimpl
+    def validate(self, trainer, model, step):
+        return {"nan": float("nan"), "inf": float("inf"), "ninf": float("-inf"), "ok": 1.5}
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"not strict JSON: {name}")
+
+
+@pytest.mark.parametrize("log_format", ["console", "json"])
+def test_metrics_jsonl_is_strict_json_and_reads_back_non_finite_values(
+    capsys, tmp_path: Path, log_format: str
+):
+    recipe = _write(
+        tmp_path / "r.yaml",
+        plugins=["test_newcomer_inputs:NonFinite"],
+        trainer__steps=2,
+        trainer__validate_every=1,
+        trainer__output_dir=str(tmp_path / "out"),
+    )
+    argv = ["train", "--config", str(recipe), "--log-format", log_format]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    path = tmp_path / "out" / "metrics.jsonl"
+    lines = path.read_text().splitlines()
+    for line in lines:
+        json.loads(line, parse_constant=_refuse_constant)  # jq and other parsers accept it
+    assert any('"validation/nan": "NaN"' in line for line in lines)
+    records = slhub.read_metrics(str(path))  # a str, as well as a Path
+    assert records == slhub.read_metrics(path)
+    validation = [r for r in records if "validation/ok" in r]
+    assert len(validation) == 2
+    for record in validation:
+        assert math.isnan(record["validation/nan"])
+        assert record["validation/inf"] == math.inf and record["validation/ninf"] == -math.inf
+    assert all(math.isnan(r["train/nan"]) for r in records if "train/loss" in r)
+
+
+def test_old_bare_non_finite_lines_still_read(tmp_path: Path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "train/loss": NaN}\n{"step": 2, "train/loss": "-Infinity"}\n')
+    records = slhub.read_metrics(path)
+    assert math.isnan(records[0]["train/loss"]) and records[1]["train/loss"] == -math.inf
+
+
+def test_plot_and_tensorboard_take_non_finite_values(tmp_path: Path):
+    from slhub.plot import collect
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(  # as written now, and the bare constants of older files
+        '{"step": 1, "train/loss": 2.0, "validation/mse": "NaN"}\n'
+        '{"step": 2, "train/loss": Infinity, "validation/mse": 1.0}\n'
+        '{"step": 3, "train/loss": 1.0, "validation/mse": -Infinity}\n'
+        '{"step": 4, "train/loss": NaN, "validation/mse": "Infinity"}\n'
+    )
+    series, _ = collect(tmp_path)
+    assert series == {"train/loss": ([1, 3], [2.0, 1.0]), "validation/mse": ([2], [1.0])}
+    tensorboard = pytest.importorskip("slhub_tensorboard.plugin")
+    shown = tensorboard.scalars({"train/a": "NaN", "train/b": float("inf"), "train/c": "-Infinity"})
+    assert math.isnan(shown["train/a"]) and shown["train/b"] == math.inf
+    assert shown["train/c"] == -math.inf

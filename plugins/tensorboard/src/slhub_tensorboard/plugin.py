@@ -58,17 +58,28 @@ class TensorBoardSection(BaseModel):
     flush_secs: float = Field(default=30.0, gt=0)
 
 
+#: How metrics.jsonl writes non-finite values (strict JSON has none); a line read back
+#: from the file may hold them, and they are the NaN and infinities TensorBoard shows.
+NON_FINITE = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
+
+
 def scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
     """The scalars of one metrics line: numeric ``train/*`` and ``validation/*`` values.
 
-    None (an update skipped because every weight was 0) and anything that is not
-    a real number (a bool, a string, a list) is left out.
+    NaN and infinities are kept (TensorBoard shows them), whether given as floats
+    or as the names metrics.jsonl writes them by (:data:`NON_FINITE`). None (an
+    update skipped because every weight was 0) and anything else that is not a real
+    number (a bool, another string, a list) is left out.
     """
-    return {
-        key: float(value)
-        for key, value in metrics.items()
-        if key.startswith(PREFIXES) and isinstance(value, Real) and not isinstance(value, bool)
-    }
+    out: dict[str, float] = {}
+    for key, value in metrics.items():
+        if not key.startswith(PREFIXES):
+            continue
+        if isinstance(value, str) and value in NON_FINITE:
+            out[key] = NON_FINITE[value]
+        elif isinstance(value, Real) and not isinstance(value, bool):
+            out[key] = float(value)
+    return out
 
 
 def latest_event_second(log_dir: Path) -> int:
