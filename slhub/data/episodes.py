@@ -219,9 +219,11 @@ def missing_library(reader: type[EpisodeDataset], exc: ImportError) -> str:
 
 
 def _detects(reader: type[EpisodeDataset], path: Path) -> bool:
+    """A reader that fails while looking (a damaged header, a foreign file) does not
+    recognize the path."""
     try:
         return bool(reader.detect(path))
-    except OSError:
+    except Exception:  # noqa: BLE001 - detection is a question, never an error
         return False
 
 

@@ -66,6 +66,8 @@ class Window:
         """The window anchored at ``step`` of ``episode``: per feature an array of shape
         ``(len(offsets), *shape)``; with ``pad``, also ``<feature>_is_pad`` (bool)."""
         length = int(dataset.lengths[episode])
+        if not 0 <= step < length:
+            raise DatasetError(f"step {step} is not in episode {episode} (length {length})")
         out: dict[str, np.ndarray] = {}
         for name, offsets in self.offsets.items():
             wanted = step + np.asarray(offsets, dtype=np.int64)
