@@ -187,6 +187,11 @@ def open_dataset(path: str | Path, format: str = AUTO) -> EpisodeDataset:  # noq
                 f"{path}: cannot tell the dataset format (readers: {', '.join(sorted(known))}); "
                 "name it with format: <reader>"
             )
+        if len(matches) > 1:
+            raise DatasetError(
+                f"{path}: looks like several dataset formats ({', '.join(matches)}); "
+                "name one with format: <reader>"
+            )
         format = matches[0]  # noqa: A001
     if format not in known:
         broken = _broken(format)
