@@ -198,3 +198,19 @@ def test_bad_data_is_one_line_and_exit_2(store: Path, tmp_path: Path, capsys, ca
         args = ["data", "check", str(store), "--min-length", "4"]
     line = cli_error(capsys, *args)
     assert expected in line
+
+
+@pytest.mark.parametrize("pad", [True, False])
+def test_a_batch_equals_its_windows_one_by_one(store: Path, pad: bool):
+    dataset = open_dataset(store)
+    window = Window({"state": (-2, 0), "image": (0,), "action": (0, 1, 2)}, pad=pad)
+    anchors = sample_anchors(window.anchors(dataset.lengths), 40, torch.Generator())
+    batch = window.batch(dataset, anchors)
+    one_by_one = [window.at(dataset, int(e), int(s)) for e, s in anchors]
+    assert set(batch) == set(one_by_one[0])
+    for key, values in batch.items():
+        expected = np.stack([w[key] for w in one_by_one])
+        assert values.dtype == expected.dtype and np.array_equal(values, expected), key
+    base = ArrayEpisodes(_episodes())  # the base class's episode-by-episode read_rows
+    generic = window.batch(base, anchors)
+    assert all(np.array_equal(generic[key], batch[key]) for key in batch)

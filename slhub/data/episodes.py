@@ -121,6 +121,19 @@ class EpisodeDataset(ABC):
         low, high = int(steps.min()), int(steps.max()) + 1
         return self.read(feature, episode, low, high)[steps - low]
 
+    def read_rows(self, feature: str, episodes: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        """Step ``steps[i]`` of episode ``episodes[i]`` for every ``i`` (each step inside its
+        episode), stacked: what a batch of windows reads. Readers that can gather in one
+        call (slhub's store) override it; this one reads episode by episode."""
+        episodes = np.asarray(episodes, dtype=np.int64).reshape(-1)
+        steps = np.asarray(steps, dtype=np.int64).reshape(-1)
+        spec = self.features[feature]
+        out = np.empty((len(steps), *spec.shape), dtype=spec.dtype)
+        for episode in np.unique(episodes):
+            where = np.flatnonzero(episodes == episode)
+            out[where] = self.read_steps(feature, int(episode), steps[where])
+        return out
+
     def episode(self, index: int) -> dict[str, np.ndarray]:
         """Every feature of one whole episode."""
         length = int(self.lengths[index])

@@ -97,6 +97,11 @@ class StoreDataset(EpisodeDataset):
         base = int(self._starts[episode])
         return np.array(self._array(feature)[base + start : base + stop])
 
+    def read_rows(self, feature: str, episodes: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        """One gather over the memory-mapped array: only the rows asked for are copied."""
+        rows = self._starts[np.asarray(episodes, dtype=np.int64)] + np.asarray(steps, np.int64)
+        return self._array(feature)[rows.reshape(-1)]
+
     def close(self) -> None:
         self._arrays = {}
 

@@ -83,11 +83,39 @@ class Window:
         return out
 
     def batch(self, dataset: EpisodeDataset, anchors: np.ndarray) -> dict[str, np.ndarray]:
-        """The windows at ``anchors`` (rows ``(episode, step)``), stacked along axis 0."""
-        windows = [self.at(dataset, int(e), int(s)) for e, s in anchors]
-        if not windows:
+        """The windows at ``anchors`` (rows ``(episode, step)``), stacked along axis 0: each
+        feature is read in one :meth:`~slhub.data.EpisodeDataset.read_rows` call. Equal,
+        element for element, to stacking :meth:`at` of every anchor."""
+        anchors = np.asarray(anchors, dtype=np.int64).reshape(-1, 2)
+        if len(anchors) == 0:
             raise DatasetError("no anchors to read windows at")
-        return {key: np.stack([w[key] for w in windows]) for key in windows[0]}
+        episodes, steps = anchors[:, 0], anchors[:, 1]
+        lengths = np.asarray(dataset.lengths, dtype=np.int64)[episodes]
+        if ((steps < 0) | (steps >= lengths)).any():
+            bad = int(np.argmax((steps < 0) | (steps >= lengths)))
+            raise DatasetError(
+                f"step {int(steps[bad])} is not in episode {int(episodes[bad])} "
+                f"(length {int(lengths[bad])})"
+            )
+        out: dict[str, np.ndarray] = {}
+        for name, offsets in self.offsets.items():
+            wanted = steps[:, None] + np.asarray(offsets, dtype=np.int64)[None, :]
+            last = lengths[:, None] - 1
+            outside = (wanted < 0) | (wanted > last)
+            if outside.any() and not self.pad:
+                row = int(np.argmax(outside.any(axis=1)))
+                raise DatasetError(
+                    f"window of {name} at step {int(steps[row])} of episode "
+                    f"{int(episodes[row])} leaves the episode (length {int(lengths[row])}); use "
+                    "a padded window or a valid anchor"
+                )
+            clamped = np.minimum(np.maximum(wanted, 0), last)
+            rows = np.repeat(episodes, len(offsets))
+            values = dataset.read_rows(name, rows, clamped.reshape(-1))
+            out[name] = values.reshape(len(anchors), len(offsets), *values.shape[1:])
+            if self.pad:
+                out[name + PAD_SUFFIX] = outside
+        return out
 
 
 def sample_anchors(
