@@ -388,3 +388,18 @@ def test_open_dataset_detects_through_entry_points(name, reader):
         assert type(ds) is reader and ds.lengths.tolist() == LENGTHS
     with open_dataset(DATA / name, format=reader.format) as ds:
         assert type(ds) is reader
+
+
+@pytest.mark.parametrize("store", ["replay.zarr", "replay_v3.zarr"])
+def test_zarr_batches_equal_their_windows_one_by_one(store: str):
+    import torch
+
+    from slhub.data import Window, open_dataset, sample_anchors
+
+    dataset = open_dataset(Path(__file__).parent / "data" / "datasets" / store)
+    window = Window({"img": (-1, 0), "action": tuple(range(8))}, pad=True)
+    anchors = sample_anchors(window.anchors(dataset.lengths), 50, torch.Generator())
+    batch = window.batch(dataset, anchors)
+    for key, values in batch.items():
+        expected = np.stack([window.at(dataset, int(e), int(s))[key] for e, s in anchors])
+        assert values.dtype == expected.dtype and np.array_equal(values, expected), key

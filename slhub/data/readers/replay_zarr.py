@@ -143,6 +143,26 @@ class ReplayZarrDataset(EpisodeDataset):
             ) from None
         return np.asarray(rows, dtype=spec.dtype).reshape((stop - start, *spec.shape))
 
+    def read_rows(self, feature: str, episodes: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        """Every row of a batch in one orthogonal selection: one round trip through zarr's
+        event loop per feature and batch instead of one per window."""
+        spec = self.check_feature(feature, for_what="a read")
+        episodes = np.asarray(episodes, dtype=np.int64).reshape(-1)
+        steps = np.asarray(steps, dtype=np.int64).reshape(-1)
+        lengths = self.lengths[episodes]
+        if ((steps < 0) | (steps >= lengths)).any():
+            raise DatasetError(f"{self.path}: a step outside its episode was asked for")
+        rows = self.starts[episodes] + steps
+        unique, inverse = np.unique(rows, return_inverse=True)  # zarr wants ascending rows
+        try:
+            values = self._array(feature).get_orthogonal_selection((unique,))
+        except Exception as exc:  # noqa: BLE001 - a chunk that fails to decode is one line
+            raise DatasetError(
+                f"{self.path}: cannot read data/{feature} ({one_line(exc, limit=200)})"
+            ) from None
+        values = np.asarray(values, dtype=spec.dtype).reshape((len(unique), *spec.shape))
+        return values[inverse.reshape(-1)]
+
     def _array(self, name: str) -> Any:
         if self._group is None or self._pid != os.getpid():
             self._group, self._arrays = _open_root(self.path)["data"], {}
