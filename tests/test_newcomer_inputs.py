@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -251,3 +252,74 @@ def test_plot_and_tensorboard_take_non_finite_values(tmp_path: Path):
     shown = tensorboard.scalars({"train/a": "NaN", "train/b": float("inf"), "train/c": "-Infinity"})
     assert math.isnan(shown["train/a"]) and shown["train/b"] == math.inf
     assert shown["train/c"] == -math.inf
+
+
+# --- an export cannot name a file outside itself; a damaged one is an slhub error ---------
+
+
+@pytest.fixture
+def export(tmp_path: Path) -> Path:
+    """A real NeRD export of a tiny model, and a copy of its weights outside it."""
+    from test_nerd_model import build, export_v1
+
+    _, _, model = build(tmp_path)
+    out = export_v1(model, tmp_path)
+    shutil.copy(out / "model.safetensors", tmp_path / "outside.safetensors")
+    return out
+
+
+def _name_weights(export: Path, name: str) -> None:
+    manifest = json.loads((export / "export.json").read_text())
+    (export / "export.json").write_text(json.dumps({**manifest, "weights": name}))
+
+
+@pytest.mark.parametrize("how", ["dotdot", "absolute", "symlink"])
+def test_export_weights_outside_the_directory_are_refused(export: Path, how: str):
+    from slhub.export import load
+
+    outside = export.parent / "outside.safetensors"
+    if how == "dotdot":
+        _name_weights(export, "../outside.safetensors")
+    elif how == "absolute":
+        _name_weights(export, str(outside))
+    else:
+        (export / "model.safetensors").unlink()
+        (export / "model.safetensors").symlink_to(outside)
+    with pytest.raises(slhub.ExportError, match="leaves the export directory"):
+        load(export)
+
+
+def _damage_arch(export: Path, field: str, value: int) -> None:
+    from safetensors.torch import load_file, save_file
+
+    from slhub.builtin.nerd.model import NerdArch
+
+    path = export / "model.safetensors"
+    state = {key: tensor.clone() for key, tensor in load_file(str(path)).items()}
+    state["nerd_arch"][1 + NerdArch.FIELDS.index(field)] = value
+    save_file(state, str(path))
+
+
+@pytest.mark.parametrize(
+    ("damage", "value", "expected"),
+    [
+        ("truncated", None, "cannot be read"),
+        ("width", 2**60, "position has shape [5, 16], the architecture needs [5, 2**60]"),
+        ("history", 10**9, "position has shape [5, 16], the architecture needs [10**9, 16]"),
+        ("layers", 10**6, "blocks.999999.mlp.0.weight has shape none (absent)"),
+        ("mlp_hidden", 2**40, "blocks.0.mlp.0.weight has shape [64, 16], the architecture"),
+    ],
+)
+def test_a_damaged_export_is_an_export_error(export: Path, damage: str, value, expected: str):
+    """Refused on shapes, before a model of the size the damaged buffer says is built."""
+    from slhub.export import load
+
+    weights = export / "model.safetensors"
+    if damage == "truncated":
+        weights.write_bytes(weights.read_bytes()[:1000])
+    else:
+        _damage_arch(export, damage, value)
+    with pytest.raises(slhub.ExportError) as caught:
+        load(export)
+    expected = expected.replace("2**60", str(2**60)).replace("10**9", str(10**9))
+    assert expected in str(caught.value) and str(weights) in str(caught.value)

@@ -198,12 +198,15 @@ class NerdPredictor(nn.Module):
 def load_export(directory: Path, manifest: dict[str, Any]) -> NerdPredictor:
     """Rebuild the predictor of a NeRD export.
 
-    :raises slhub.ExportError: (a ``ValueError``) for missing, unreadable or
-        inconsistent weights.
+    The manifest's ``weights`` must name a file inside ``directory`` (no ``..``, no
+    absolute path, no symlink out of it), and the weights must fit the architecture
+    their ``nerd_arch`` buffer describes, which is checked on shapes alone before
+    any memory is given to the model (a damaged buffer could ask for terabytes).
+
+    :raises slhub.ExportError: (a ``ValueError``) for a weights path outside the
+        export, and for missing, unreadable, damaged or inconsistent weights.
     """
-    weights = directory / str(manifest.get("weights", WEIGHTS))
-    if not weights.is_file():
-        raise ExportError(f"{directory} has no {weights.name}")
+    weights = _weights_path(directory, manifest.get("weights", WEIGHTS))
     try:
         state = load_file(str(weights))
     except Exception as exc:  # noqa: BLE001 - safetensors' errors share no base class
@@ -211,9 +214,12 @@ def load_export(directory: Path, manifest: dict[str, Any]) -> NerdPredictor:
     if ARCH_KEY not in state:
         raise ExportError(f"{weights} holds no {ARCH_KEY} buffer; it is not a NeRD export")
     try:
+        _check_shapes(state)
         model = NerdModel.from_state_dict(state)
     except ValueError as exc:  # the model's own one-line messages
         raise ExportError(f"{weights}: {exc}") from None
+    except (RuntimeError, MemoryError) as exc:  # what shapes alone could not foresee
+        raise ExportError(f"{weights}: damaged NeRD weights ({one_line(exc)})") from None
     arch = model.arch
     expected = {
         "dtype": dtype_name(next(model.parameters()).dtype),
@@ -228,3 +234,57 @@ def load_export(directory: Path, manifest: dict[str, Any]) -> NerdPredictor:
                 f"{weights.name} holds {value!r}"
             )
     return NerdPredictor(model, manifest)
+
+
+def _weights_path(directory: Path, name: Any) -> Path:
+    """The weights file a manifest names, which must lie inside the export directory.
+
+    A manifest is data: ``../x``, an absolute path or a symlink leading out of the
+    directory would make loading an export read a file the export does not hold.
+    """
+    where = f"{directory / MANIFEST}: weights"
+    if not isinstance(name, str) or not name:
+        raise ExportError(f"{where} must be a file name inside the export, got {name!r}")
+    relative = Path(name)
+    if relative.is_absolute() or ".." in relative.parts or "\0" in name:
+        raise ExportError(
+            f"{where} {name!r} leaves the export directory; it must name a file inside it"
+        )
+    path = directory / relative
+    try:
+        inside = path.resolve().is_relative_to(directory.resolve())
+        is_file = path.is_file()
+    except (OSError, RuntimeError) as exc:  # a symlink loop, a name too long
+        raise ExportError(f"{where} {name!r} cannot be opened ({one_line(exc)})") from None
+    if not inside:
+        raise ExportError(
+            f"{where} {name!r} is a symlink that leaves the export directory; refused"
+        )
+    if not is_file:
+        raise ExportError(f"{directory} has no {name}")
+    return path
+
+
+def _check_shapes(state: dict[str, torch.Tensor]) -> None:
+    """Raise ValueError unless every size the ``nerd_arch`` buffer gives (history,
+    width, layers, MLP width, features) is the size of the tensors that hold it, so the
+    model built from it is no larger than the weights read (a damaged buffer could
+    otherwise ask for terabytes). The rest is checked when the weights are loaded."""
+    arch = NerdArch.from_tensor(state[ARCH_KEY])
+    features = arch.state_dim + arch.action_dim
+    wanted = {
+        "position": [arch.history, arch.width],
+        "input_mean": [features],
+        "target_mean": [arch.state_dim],
+        f"blocks.{arch.layers - 1}.mlp.0.weight": [arch.mlp_hidden, arch.width],
+    }
+    for key, shape in wanted.items():
+        found = list(state[key].shape) if key in state else None
+        if found != shape:
+            raise ValueError(
+                f"NeRD weights do not fit their nerd_arch: {key} has shape "
+                f"{found if found is not None else 'none (absent)'}, the architecture "
+                f"needs {shape}"
+            )
+    if f"blocks.{arch.layers}.mlp.0.weight" in state:
+        raise ValueError(f"NeRD weights do not fit their nerd_arch: more than {arch.layers} layers")
