@@ -19,7 +19,6 @@ from typing import Any
 
 from slhub._version import __version__
 from slhub.artifacts import read_metrics
-from slhub.distributed import distributed_run
 from slhub.errors import (
     ArtifactError,
     CheckpointError,
@@ -37,6 +36,7 @@ from slhub.recipe import load_recipe
 #: Public names imported on first use: name -> (module, name there).
 _LAZY = {
     "train": ("slhub.run", "train"),
+    "distributed_run": ("slhub.distributed", "distributed_run"),
     "OptimSection": ("slhub.optim", "OptimSection"),
     "ScheduleSection": ("slhub.optim", "ScheduleSection"),
     "build_optimizer": ("slhub.optim", "build_optimizer"),

@@ -215,6 +215,15 @@ def _data(args: argparse.Namespace) -> None:
 
 
 def _train(args: argparse.Namespace) -> None:
+    from slhub import log
+    from slhub.recipe import load_recipe
+
+    # the recipe's core part first, before torch is imported: a typo answers at once
+    log.configure(
+        args.log_format, int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    )
+    load_recipe(args.config, args.overrides)
+
     from slhub.preemption import own_process
     from slhub.run import train
 

@@ -21,6 +21,7 @@ def test_resume_auto_of_a_complete_run_exits_0_and_changes_nothing(tmp_path: Pat
     args = ["train", "--config", str(SL_DDP), *(f"--set={s}" for s in SHORT)]
     args += [f"--set=trainer.output_dir={out}", "--resume", "auto"]
     assert cli.main(args) == 0
+
     def artifacts_now() -> dict[str, bytes]:  # the lock file records its last holder
         return {p.name: p.read_bytes() for p in out.iterdir() if artifacts.is_artifact(p.name)}
 
@@ -72,3 +73,25 @@ def test_the_python_api_gets_its_handlers_back(tmp_path: Path, signal_name: str)
     before = signal.getsignal(getattr(signal, signal_name))
     train(str(SL_DDP), ["trainer.steps=2", f"trainer.output_dir={tmp_path / 'run'}"])
     assert signal.getsignal(getattr(signal, signal_name)) is before
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["train", "--help"], "typo"])
+def test_answers_that_need_no_plugin_do_not_import_torch(tmp_path: Path, argv):
+    """``--version``, ``--help`` and a recipe typo answer before torch is imported (it
+    took seconds of every such answer)."""
+    if argv == "typo":
+        recipe = tmp_path / "typo.yaml"
+        recipe.write_text("plugin: examples.sl_ddp.plugin:SlDdpPlugin\ntrainer:\n  step: 5\n")
+        argv = ["train", "--config", str(recipe)]
+    probe = (
+        "import sys\nfrom slhub import cli\n"
+        "try:\n    code = cli.main(sys.argv[1:])\nexcept SystemExit as exc:\n    code = exc.code\n"
+        "print('torch' in sys.modules, code)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, *argv], cwd=REPO, env=subprocess_env(),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    imported, code = done.stdout.split()[-2:]
+    assert imported == "False", done.stdout[-500:]
+    assert code == ("2" if "train" in argv and "--help" not in argv else "0"), done.stderr
