@@ -24,6 +24,7 @@ import sys
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 from importlib.metadata import Distribution, EntryPoint, distributions, entry_points
+from pathlib import Path
 from typing import Any
 
 import pluggy
@@ -243,6 +244,29 @@ def installed_names() -> frozenset[str]:
     return frozenset(_entry_points())
 
 
+def _file_path_hint(spec: str) -> str | None:
+    """The refusal of a plugin named by its file (``my_plugin.py``, ``path/to/x.py:Cls``),
+    pointing to the ``module:object`` form; None for a module or entry-point name."""
+    module, _, attr = spec.partition(":")
+    if not (module.endswith(".py") or "/" in module or os.sep in module or "\\" in module):
+        return None
+    path = Path(module.replace("\\", "/"))
+    stem = path.stem if path.suffix == ".py" else path.name
+    obj = attr or "".join(part.title() for part in stem.split("_")) or "Plugin"
+    folder = path.parent
+    example = f"{stem}:{obj}"
+    if str(folder) not in ("", "."):
+        example += f" with {folder} on PYTHONPATH"
+        if not path.is_absolute() and ".." not in path.parts:
+            dotted = ".".join((*folder.parts, stem))
+            example += f", or {dotted}:{obj} run from the folder that holds {folder.parts[0]}"
+        return f"{module} is a file path; name the plugin as module:object, e.g. {example}"
+    return (
+        f"{module} is a file path; name the plugin as module:object, e.g. {example}, with "
+        "its folder on PYTHONPATH or as the working directory"
+    )
+
+
 def _source_of_entry_point(ep: EntryPoint, role: str = MODEL) -> PluginSource:
     dist = ep.dist.metadata["Name"] if ep.dist is not None else None
     ver = ep.dist.version if ep.dist is not None else None
@@ -304,6 +328,9 @@ def resolve(spec: str, role: str = MODEL, objects: dict[str, Any] | None = None)
         if inspect.ismodule(obj):
             module = obj
         return obj, replace(_source_of_path(spec, role), digest=_file_digest(module))
+    file_path = _file_path_hint(spec)
+    if file_path is not None:
+        raise PluginError(file_path)
     if ":" in spec:
         source = _source_of_path(spec, role)
         module_name, _, attr = spec.partition(":")
@@ -313,7 +340,16 @@ def resolve(spec: str, role: str = MODEL, objects: dict[str, Any] | None = None)
             module = importlib.import_module(module_name)
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - any import-time failure,
             # sys.exit() in the module included (it would end the command silently)
-            raise PluginError(f"{source.describe()} failed to import: {one_line(exc)}") from None
+            top = module_name.split(".", 1)[0]
+            where = ""
+            if isinstance(exc, ModuleNotFoundError) and exc.name == top:
+                where = (
+                    f" (run slhub from the folder that holds {top}, or put that folder on "
+                    "PYTHONPATH)"
+                )
+            raise PluginError(
+                f"{source.describe()} failed to import: {one_line(exc)}{where}"
+            ) from None
         obj: Any = module
         for part in filter(None, attr.split(".")):
             if not hasattr(obj, part):

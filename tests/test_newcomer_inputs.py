@@ -323,3 +323,41 @@ def test_a_damaged_export_is_an_export_error(export: Path, damage: str, value, e
         load(export)
     expected = expected.replace("2**60", str(2**60)).replace("10**9", str(10**9))
     assert expected in str(caught.value) and str(weights) in str(caught.value)
+
+
+# --- a plugin named by its file is pointed to the module:object form ---------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "spec", "expected"),
+    [
+        (
+            "plugin",
+            "my_plugin.py",
+            "my_plugin.py is a file path; name the plugin as module:object, e.g. "
+            "my_plugin:MyPlugin, with its folder on PYTHONPATH or as the working directory",
+        ),
+        (
+            "plugin",
+            "examples/sl_ddp/plugin.py:SlDdpPlugin",
+            "e.g. plugin:SlDdpPlugin with examples/sl_ddp on PYTHONPATH, or "
+            "examples.sl_ddp.plugin:SlDdpPlugin run from the folder that holds examples",
+        ),
+        ("plugins", "/opt/loggers/csv_logger.py", "e.g. csv_logger:CsvLogger with /opt/loggers"),
+    ],
+)
+def test_a_plugin_given_as_a_file_path(capsys, tmp_path: Path, key: str, spec: str, expected):
+    value = [spec] if key == "plugins" else spec
+    recipe = _write(tmp_path / "r.yaml", trainer__output_dir=str(tmp_path / "out"), **{key: value})
+    line = cli_error(capsys, "train", "--config", str(recipe))
+    assert expected in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_plugin_module_not_found_says_where_to_run(capsys, tmp_path: Path):
+    recipe = _write(
+        tmp_path / "r.yaml", plugin="no_such_pkg_xyz.plugin:P", trainer__output_dir=str(tmp_path)
+    )
+    line = cli_error(capsys, "train", "--config", str(recipe))
+    assert "No module named 'no_such_pkg_xyz'" in line
+    assert "run slhub from the folder that holds no_such_pkg_xyz, or put that folder on" in line
