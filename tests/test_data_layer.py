@@ -214,3 +214,19 @@ def test_a_batch_equals_its_windows_one_by_one(store: Path, pad: bool):
     base = ArrayEpisodes(_episodes())  # the base class's episode-by-episode read_rows
     generic = window.batch(base, anchors)
     assert all(np.array_equal(generic[key], batch[key]) for key in batch)
+
+
+def test_statistics_agree_with_lerobots_own_on_its_dataset():
+    """min and max are LeRobot's exactly; mean and std differ only by LeRobot computing
+    them in float32 per episode (slhub: float64 over every step, one pass)."""
+    root = Path(__file__).parent / "data" / "datasets"
+    oracle = np.load(root / "oracle" / "lerobot_v30.npz")
+    names = ["observation.state", "action", "next.reward"]
+    stats = feature_statistics(open_dataset(root / "lerobot_v30"), names)
+    for name in names:
+        for key in ("min", "max"):
+            assert np.array_equal(stats[name][key], oracle[f"stats/{name}/{key}"]), (name, key)
+        for key in ("mean", "std"):
+            expected = oracle[f"stats/{name}/{key}"]
+            assert np.allclose(stats[name][key], expected, rtol=1e-5, atol=1e-7), (name, key)
+        assert stats[name]["count"].tolist() == oracle[f"stats/{name}/count"].tolist()
