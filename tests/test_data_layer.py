@@ -218,7 +218,9 @@ def test_a_batch_equals_its_windows_one_by_one(store: Path, pad: bool):
 
 def test_statistics_agree_with_lerobots_own_on_its_dataset():
     """min and max are LeRobot's exactly; mean and std differ only by LeRobot computing
-    them in float32 per episode (slhub: float64 over every step, one pass)."""
+    them in float32 per episode (slhub: float64 over every step, one pass), which costs
+    its std of a component with a large mean and a small spread (rootz.pos: 1.21 +-
+    0.017) about 1e-4 relative."""
     root = Path(__file__).parent / "data" / "datasets"
     oracle = np.load(root / "oracle" / "lerobot_v30.npz")
     names = ["observation.state", "action", "next.reward"]
@@ -226,7 +228,7 @@ def test_statistics_agree_with_lerobots_own_on_its_dataset():
     for name in names:
         for key in ("min", "max"):
             assert np.array_equal(stats[name][key], oracle[f"stats/{name}/{key}"]), (name, key)
-        for key in ("mean", "std"):
+        for key, rtol in (("mean", 1e-6), ("std", 1e-3)):
             expected = oracle[f"stats/{name}/{key}"]
-            assert np.allclose(stats[name][key], expected, rtol=1e-5, atol=1e-7), (name, key)
+            assert np.allclose(stats[name][key], expected, rtol=rtol, atol=1e-7), (name, key)
         assert stats[name]["count"].tolist() == oracle[f"stats/{name}/count"].tolist()
