@@ -124,14 +124,21 @@ def failure(event: str, exc: BaseException) -> None:
         get_logger().error(event, error=f"{exc.__class__.__name__}: {exc}", exc_info=exc)
 
 
+#: The ``timestamp`` of JSON events: ISO 8601 in UTC, as every logged event has it.
+_TIMESTAMPER = structlog.processors.TimeStamper(fmt="iso", utc=True)
+
+
 def final_line(message: str, fmt: str, event: str = "error", level: str = "error") -> str:
     """The CLI's last word on a failed or preempted command, in the command's log
-    format: a JSON event with the run context known so far (``run_id``, ``rank``,
-    ``step``), or one plain ``slhub: error: ...`` (``slhub: ...``) line."""
+    format: a JSON event with the fields every JSON event has (``timestamp``,
+    ``run_id``, ``rank``, ``world_size``, ``step``; ``run_id`` and ``step`` are null
+    when the command failed before a run or an update began), or one plain
+    ``slhub: error: ...`` (``slhub: ...``) line."""
     if fmt != "json":
         return f"slhub: error: {message}" if level == "error" else f"slhub: {message}"
-    context = {"step": _step, **structlog.contextvars.get_contextvars()}
-    return json.dumps({"event": event, "level": level, "message": message, **context})
+    context = {"run_id": None, "step": _step, **structlog.contextvars.get_contextvars()}
+    line = {"event": event, "level": level, "message": message, **context}
+    return json.dumps(_TIMESTAMPER(None, event, line))
 
 
 def significant(value: float, digits: int = 4) -> str:

@@ -361,3 +361,46 @@ def test_a_plugin_module_not_found_says_where_to_run(capsys, tmp_path: Path):
     line = cli_error(capsys, "train", "--config", str(recipe))
     assert "No module named 'no_such_pkg_xyz'" in line
     assert "run slhub from the folder that holds no_such_pkg_xyz, or put that folder on" in line
+
+
+# --- JSON error events carry timestamp and run_id like every other event -----------------
+
+
+class FailsAtUpdate2:
+    """An extra plugin whose update 2 fails with an slhub error (a run already under way)."""
+
+    @hookimpl
+    def on_commit(self, trainer, step, metrics):
+        if step == 2:
+            raise slhub.SlhubError("injected failure at update 2")
+
+
+def _json_events(err: str) -> list[dict]:
+    return [json.loads(line) for line in err.splitlines() if line.strip()]
+
+
+def test_json_error_event_of_a_failed_run_has_timestamp_and_run_id(capsys, tmp_path: Path):
+    recipe = _write(
+        tmp_path / "r.yaml",
+        plugins=["test_newcomer_inputs:FailsAtUpdate2"],
+        trainer__steps=4,
+        trainer__output_dir=str(tmp_path / "out"),
+    )
+    assert cli.main(["train", "--config", str(recipe), "--log-format", "json"]) == 2
+    events = _json_events(capsys.readouterr().err)
+    start, last = events[0], events[-1]
+    assert start["event"] == "start" and last["event"] == "error"
+    assert "injected failure at update 2" in last["message"]
+    assert last["run_id"] == start["run_id"] and last["run_id"]
+    assert set(start) - {"total", "device"} <= set(last)  # every field a JSON event has
+    assert last["timestamp"].endswith("Z") and last["timestamp"] >= start["timestamp"]
+
+
+def test_json_error_event_before_any_run_has_timestamp_and_a_null_run_id(capsys, tmp_path):
+    recipe = _write(tmp_path / "r.yaml", trainer__output_dir=str(tmp_path / "out"))
+    argv = ["train", "--config", str(recipe), "--set", "trainer.lr=-1", "--log-format", "json"]
+    assert cli.main(argv) == 2
+    (event,) = _json_events(capsys.readouterr().err)
+    assert event["event"] == "error" and "trainer.lr: must be > 0" in event["message"]
+    assert event["run_id"] is None and event["timestamp"].endswith("Z")
+    assert not (tmp_path / "out").exists()
