@@ -81,6 +81,10 @@ class TrainerConfig(BaseModel):
     #: Autocast of the objective: fp32 (none), bf16-mixed, or fp16-mixed (CUDA, scaled).
     precision: Literal["fp32", "bf16-mixed", "fp16-mixed"] = "fp32"
 
+    #: Intra-op threads of this process: ``auto`` is one on the CPU (small models on
+    #: shared cores run fastest so; ``OMP_NUM_THREADS`` set in the environment wins) and
+    #: torch's default on a GPU; a number sets it.
+    threads: Literal["auto"] | Annotated[int, Field(ge=1, le=1024)] = "auto"
     #: Keep only the newest N ``step_N.pt`` boundary checkpoints (None: keep every one).
     keep_last: int | None = Field(default=None, ge=1, le=MAX_COUNT)
     #: Keep ``best.pt``: the checkpoint of the validation with the best ``metric``.

@@ -20,6 +20,7 @@ serves a job's first start and every requeue.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,8 @@ def _train_on(admitted: Recipe | Exception, request: StartRequest, device: torch
     identity: dict[str, Any] | None = None
     metrics: artifacts.MetricsLog | None = None
     try:
+        if isinstance(admitted, Recipe):
+            _set_threads(admitted.trainer.threads, device)
         run_lock, loop, plan, error = _admit(admitted, request, device)
         _agree_or_raise(error, device)
         assert plan is not None and isinstance(admitted, Recipe)
@@ -157,6 +160,15 @@ def _train_on(admitted: Recipe | Exception, request: StartRequest, device: torch
             run_lock.release()
 
 
+def _set_threads(threads: str | int, device: torch.device) -> None:
+    """``trainer.threads``: torch's intra-op threads for this process (see the recipe key)."""
+    if threads == "auto":
+        if device.type != "cpu" or os.environ.get("OMP_NUM_THREADS"):
+            return
+        threads = 1
+    torch.set_num_threads(int(threads))
+
+
 def _complete(plan: ResumePlan, recipe: Recipe) -> bool:
     """``--resume auto`` found the run already at ``trainer.steps``."""
     ckpt = plan.checkpoint
@@ -171,7 +183,13 @@ def _fit(
 ) -> Path:
     run_id = distributed.broadcast_from_rank0(identity["run_id"] if identity else None)
     log.bind(run_id=run_id)
-    LOG.info("start", step=loop.step, total=loop.config.steps, device=str(device))
+    LOG.info(
+        "start",
+        step=loop.step,
+        total=loop.config.steps,
+        device=str(device),
+        threads=torch.get_num_threads(),
+    )
     LOG.info(
         "recipe",
         path=loop.recipe.source,

@@ -95,3 +95,31 @@ def test_answers_that_need_no_plugin_do_not_import_torch(tmp_path: Path, argv):
     imported, code = done.stdout.split()[-2:]
     assert imported == "False", done.stdout[-500:]
     assert code == ("2" if "train" in argv and "--help" not in argv else "0"), done.stderr
+
+
+@pytest.fixture
+def restore_threads():
+    import torch
+
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(
+    ("omp", "setting", "expected"), [(None, "auto", 1), ("2", "auto", 2), (None, "2", 2)]
+)
+def test_threads_auto_is_one_on_the_cpu_unless_omp_num_threads_says(
+    tmp_path: Path, monkeypatch, capsys, restore_threads, omp, setting, expected
+):
+    import torch
+
+    if omp is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    torch.set_num_threads(2)  # what torch starts with on this 2-core machine
+    train(str(SL_DDP), ["trainer.steps=2", f"trainer.threads={setting}",
+                        f"trainer.output_dir={tmp_path / 'run'}"])  # fmt: skip
+    assert torch.get_num_threads() == expected
+    assert f"threads={expected} " in capsys.readouterr().err
