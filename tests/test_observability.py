@@ -239,3 +239,25 @@ def test_a_log_line_is_one_write_with_its_newline(monkeypatch):
     log.configure("json")
     log.get_logger().info("probe", value=1)
     assert len(writes) == 1 and writes[0].endswith("}\n") and '"event": "probe"' in writes[0]
+
+
+def test_the_last_progress_line_follows_the_last_validation_and_shows_the_best_metric(
+    tmp_path: Path, capsys
+):
+    """Without a terminal: the final ``progress`` event comes after the last validation
+    and carries its value, and with ``trainer.best`` it is that metric (not the first)."""
+    code = cli.main([
+        "train", "--config", str(SL_DDP), "--log-format", "json",
+        "--set", "plugin=slhub_testplugins:ValidationTracker", "--set", "trainer.steps=20",
+        "--set", "trainer.validate_every=10",
+        "--set", 'trainer.best={"metric": "validation/score"}',
+        "--set", f"trainer.output_dir={tmp_path / 'run'}",
+    ])  # fmt: skip
+    events = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    assert code == 0
+    names = [e["event"] for e in events]
+    last_validation = max(i for i, n in enumerate(names) if n == "validation")
+    last_progress = max(i for i, n in enumerate(names) if n == "progress")
+    assert last_progress > last_validation
+    assert events[last_progress]["val_score"] == events[last_validation]["score"]
+    assert "val_mse" not in events[last_progress]

@@ -45,18 +45,23 @@ class Plugin:
 
     @hookimpl(trylast=True)
     def on_log(self, trainer: Any, step: int, metrics: dict[str, Any]) -> None:
+        total = trainer.config.steps
         if "train/loss" not in metrics:  # a validation line
-            for key, value in metrics.items():
-                if key.startswith("validation/") and isinstance(value, (int, float)):
-                    self._validation = (key.split("/", 1)[1], float(value))
-                    break
+            best = trainer.config.best.metric if trainer.config.best is not None else None
+            shown = [k for k, v in metrics.items() if k.startswith("validation/")
+                     and isinstance(v, (int, float)) and not isinstance(v, bool)]  # fmt: skip
+            if shown:  # the metric trainer.best follows, else the first the plugins give
+                key = best if best in shown else shown[0]
+                self._validation = (key.split("/", 1)[1], float(metrics[key]))
             if self._bar is not None:
-                self._bar.set_postfix_str(self._fields_text(), refresh=False)
+                self._bar.set_postfix_str(self._fields_text(), refresh=step == total)
+            elif self._events and step == total and self._started is not None:
+                # the last progress line comes after the last validation, with its value
+                LOG.info("progress", **self._fields(time.monotonic(), step, total))
             return
         if metrics["train/loss"] is not None:
             self._loss = metrics["train/loss"]
         now = time.monotonic()
-        total = trainer.config.steps
         if self._started is None:
             self._start(now, step, total)
         if self._bar is not None:
@@ -65,7 +70,9 @@ class Plugin:
                 self._bar.set_postfix_str(self._fields_text(), refresh=step == total)
                 self._last_postfix = now
         elif self._events and (
-            now - self._last_event >= PERIOD_S or step == total or step == self._started[1]
+            now - self._last_event >= PERIOD_S
+            or (step == total and not _validates(trainer.config, step))
+            or step == self._started[1]
         ):
             self._last_event = now
             LOG.info("progress", **self._fields(now, step, total))
@@ -118,6 +125,11 @@ class Plugin:
             name, value = self._validation
             parts.append(f"val_{name}={_significant(value)}")
         return ", ".join(parts)
+
+
+def _validates(config: Any, step: int) -> bool:
+    """Whether update ``step`` is a validation boundary (its progress line then waits)."""
+    return config.validate_every > 0 and step % config.validate_every == 0
 
 
 def _significant(value: float) -> str:
