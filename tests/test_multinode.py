@@ -30,6 +30,7 @@ from helpers import (
     torchrun_env,
     write_recipe,
 )
+from slhub.artifacts import is_artifact
 from slhub.preemption import EXIT_PREEMPTED
 from slhub.testing import STOP_AT_ENV, assert_tree_equal
 
@@ -222,7 +223,11 @@ def test_a_node_with_another_file_at_the_checkpoint_path_is_refused(unshared, tm
     other["step"] = 2
     (node_b / "run").mkdir()
     torch.save(other, node_b / "run" / "last.pt")
-    before = {p.name: p.read_bytes() for p in (node_a / "run").iterdir() if p.is_file()}
+
+    def artifacts_of(folder: Path) -> dict[str, bytes]:  # .slhub.lock records its holder
+        return {p.name: p.read_bytes() for p in folder.iterdir() if is_artifact(p.name)}
+
+    before = artifacts_of(node_a / "run")
     results = _workers(unshared["recipe"], [node_a, node_b])
     assert [rc for rc, _ in results] == [2, 2], results[0][1][-2000:] + results[1][1][-2000:]
     lines = [[line for line in err.splitlines() if line.strip()] for _, err in results]
@@ -236,5 +241,4 @@ def test_a_node_with_another_file_at_the_checkpoint_path_is_refused(unshared, tm
     assert lines[1][0].startswith("slhub: error: rank 1 failed during admission: run/last.pt: ")
     assert f"sha256 {digest[1]} here, {digest[0]} on rank 0" in lines[1][0], lines[1][0]
     assert lines[1][0].count(" on host ") == 2
-    after = {p.name: p.read_bytes() for p in (node_a / "run").iterdir() if p.is_file()}
-    assert after == before
+    assert artifacts_of(node_a / "run") == before
