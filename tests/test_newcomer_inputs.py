@@ -404,3 +404,18 @@ def test_json_error_event_before_any_run_has_timestamp_and_a_null_run_id(capsys,
     assert event["event"] == "error" and "trainer.lr: must be > 0" in event["message"]
     assert event["run_id"] is None and event["timestamp"].endswith("Z")
     assert not (tmp_path / "out").exists()
+
+
+def test_tilde_in_plugin_owned_paths_is_the_home_directory():
+    """``data.cache_dir`` (NeRD, RWM) and ``tensorboard.log_dir`` expand ``~`` too."""
+    import os
+
+    from slhub_rwm.plugin import RwmData
+    from slhub_tensorboard.plugin import TensorBoardSection
+
+    from slhub.builtin.nerd.sections import DataSection
+
+    home = os.path.expanduser("~/slhub-cache")
+    assert DataSection(cache_dir="~/slhub-cache").cache_dir == home
+    assert RwmData(cache_dir="~/slhub-cache").cache_dir == home
+    assert TensorBoardSection(log_dir="~/slhub-cache").log_dir == home

@@ -15,9 +15,10 @@ lengths against horizons) are made in ``build_model``.
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from slhub.builtin.nerd.model import NerdArch
 from slhub.data import STATE_NAMES
@@ -77,6 +78,13 @@ class DataSection(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     cache_dir: str = Field(default=".cache/nerd_cartpole", min_length=1)
+
+    @field_validator("cache_dir")
+    @classmethod
+    def _home(cls, value: str) -> str:
+        """``~`` is the user's home, as in a shell, never a directory named ``~``."""
+        return os.path.expanduser(value)
+
     max_force: float = Field(default=10.0, gt=0)
     train: SplitSection = SplitSection(num_trajectories=1000, length=200, seed=0)
     val: SplitSection = SplitSection(num_trajectories=64, length=120, seed=1)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from slhub import LossResult, hookimpl
 from slhub.data import SplitCache, ensure_dataset, split_seed
 
@@ -22,6 +23,13 @@ class RwmData(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     cache_dir: str = ".cache/slhub-rwm"
+
+    @field_validator("cache_dir")
+    @classmethod
+    def _home(cls, value: str) -> str:
+        """``~`` is the user's home, as in a shell, never a directory named ``~``."""
+        return os.path.expanduser(value)
+
     train_trajectories: int = Field(default=64, gt=0)
     val_trajectories: int = Field(default=16, gt=0)
     length: int = Field(default=100, gt=1)

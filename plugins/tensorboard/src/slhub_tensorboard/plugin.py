@@ -19,6 +19,7 @@ than every file already there for the purge to apply to them (see
 from __future__ import annotations
 
 import importlib.util
+import os
 import time
 from collections.abc import Mapping
 from numbers import Real
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from slhub import SlhubError, Trainer, hookimpl
 
 if TYPE_CHECKING:
@@ -54,6 +55,13 @@ class TensorBoardSection(BaseModel):
 
     #: Where the event files go; a relative path is relative to ``trainer.output_dir``.
     log_dir: str = Field(default="tensorboard", min_length=1)
+
+    @field_validator("log_dir")
+    @classmethod
+    def _home(cls, value: str) -> str:
+        """``~`` is the user's home, as in a shell, never a directory named ``~``."""
+        return os.path.expanduser(value)
+
     #: Seconds between flushes to disk: what a killed process can lose at most.
     flush_secs: float = Field(default=30.0, gt=0)
 
