@@ -112,6 +112,20 @@ class EpisodeDataset(ABC):
     def num_steps(self) -> int:
         return int(self.lengths.sum())
 
+    def check_range(self, episode: int, start: int, stop: int) -> None:
+        """Refuse a read outside one episode, in one line: in a buffer that concatenates
+        episodes it would silently return a neighbour's rows."""
+        if not 0 <= episode < self.num_episodes:
+            raise DatasetError(
+                f"{self.path}: episode {episode} does not exist ({self.num_episodes} episodes)"
+            )
+        length = int(self.lengths[episode])
+        if not 0 <= start <= stop <= length:
+            raise DatasetError(
+                f"{self.path}: steps {start}..{stop - 1} are outside episode {episode} "
+                f"(length {length})"
+            )
+
     def read_steps(self, feature: str, episode: int, steps: np.ndarray) -> np.ndarray:
         """Arbitrary steps of one episode (each in ``0 .. length - 1``), in the order given."""
         steps = np.asarray(steps, dtype=np.int64)

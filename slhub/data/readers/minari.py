@@ -153,7 +153,7 @@ class MinariDataset(EpisodeDataset):
 
     def read(self, feature: str, episode: int, start: int, stop: int) -> np.ndarray:
         spec = self.check_feature(feature, for_what="a read")
-        _check_range(self, episode, start, stop)
+        self.check_range(episode, start, stop)
         source = self._sources[feature]
         first, count = start + source.shift, stop - start
         episode_id = self.episode_ids[episode]
@@ -230,21 +230,6 @@ def _backend(data_dir: Path) -> str:
     """``hdf5`` or ``arrow``: metadata's ``data_format``, else what the files say."""
     backend = str(_metadata(data_dir).get("data_format") or "")
     return backend or ("hdf5" if (data_dir / HDF5_FILE).is_file() else "arrow")
-
-
-def _check_range(dataset: EpisodeDataset, episode: int, start: int, stop: int) -> None:
-    """Refuse reads outside one episode (Arrow slices would quietly return fewer rows and
-    ``next_observations`` would step past the final observation)."""
-    if not 0 <= episode < dataset.num_episodes:
-        raise DatasetError(
-            f"{dataset.path}: episode {episode} does not exist ({dataset.num_episodes} episodes)"
-        )
-    length = int(dataset.lengths[episode])
-    if not 0 <= start <= stop <= length:
-        raise DatasetError(
-            f"{dataset.path}: steps {start}..{stop - 1} are outside episode {episode} "
-            f"(length {length})"
-        )
 
 
 def _find(path: Path) -> list[Path]:

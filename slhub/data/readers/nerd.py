@@ -24,7 +24,7 @@ import numpy as np
 
 from slhub.data.episodes import Feature
 from slhub.data.readers.robomimic import Hdf5Dataset, probe_hdf5, text_attr
-from slhub.errors import DatasetError, one_line
+from slhub.errors import DatasetError
 
 TRAJECTORY = "trajectory"
 TRANSITION = "transition"
@@ -58,22 +58,7 @@ class NerdTrajectoryDataset(Hdf5Dataset):
         except Exception:  # noqa: BLE001 - detect never raises
             return False
 
-    @classmethod
-    def open(cls, path: Path) -> NerdTrajectoryDataset:
-        path = Path(path)
-        handle = cls._open_file(path)
-        try:
-            dataset = cls._layout(path, handle)
-        except DatasetError:
-            handle.close()
-            raise
-        except Exception as exc:  # noqa: BLE001 - a damaged layout is one line naming the file
-            handle.close()
-            raise DatasetError(
-                f"{path}: not a readable NeRD file ({one_line(exc, limit=200)})"
-            ) from None
-        dataset._adopt(handle)
-        return dataset
+    label: ClassVar[str] = "NeRD"
 
     @classmethod
     def _layout(cls, path: Path, handle: Any) -> NerdTrajectoryDataset:

@@ -132,7 +132,7 @@ class ReplayZarrDataset(EpisodeDataset):
 
     def read(self, feature: str, episode: int, start: int, stop: int) -> np.ndarray:
         spec = self.check_feature(feature, for_what="a read")
-        _check_range(self, episode, start, stop)
+        self.check_range(episode, start, stop)
         first = int(self.starts[episode])
         try:
             rows = self._array(feature)[first + start : first + stop]
@@ -182,21 +182,6 @@ class ReplayZarrDataset(EpisodeDataset):
         state = dict(self.__dict__)
         state["_group"], state["_arrays"], state["_pid"] = None, {}, None
         return state
-
-
-def _check_range(dataset: EpisodeDataset, episode: int, start: int, stop: int) -> None:
-    """Refuse reads outside one episode: in a concatenated buffer they would silently
-    return the neighbouring episode's rows."""
-    if not 0 <= episode < dataset.num_episodes:
-        raise DatasetError(
-            f"{dataset.path}: episode {episode} does not exist ({dataset.num_episodes} episodes)"
-        )
-    length = int(dataset.lengths[episode])
-    if not 0 <= start <= stop <= length:
-        raise DatasetError(
-            f"{dataset.path}: steps {start}..{stop - 1} are outside episode {episode} "
-            f"(length {length})"
-        )
 
 
 def _open_root(path: Path) -> Any:

@@ -126,16 +126,28 @@ class Hdf5Dataset(EpisodeDataset):
 
     def _check_range(self, feature: str, episode: int, start: int, stop: int) -> None:
         self.check_feature(feature, for_what="the read")
-        if not 0 <= episode < self.num_episodes:
+        self.check_range(episode, start, stop)
+
+    #: What ``open`` calls the file in its one-line error (``a readable <label> file``).
+    label: ClassVar[str] = "HDF5"
+
+    @classmethod
+    def open(cls, path: Path) -> Any:
+        """Open ``path`` and read its layout (:meth:`_layout`); any failure is one line."""
+        path = Path(path)
+        handle = cls._open_file(path)
+        try:
+            dataset = cls._layout(path, handle)
+        except DatasetError:
+            handle.close()
+            raise
+        except Exception as exc:  # noqa: BLE001 - a damaged layout is one line naming the file
+            handle.close()
             raise DatasetError(
-                f"{self.path}: no episode {episode} (the dataset has {self.num_episodes})"
-            )
-        length = int(self.lengths[episode])
-        if not 0 <= start <= stop <= length:
-            raise DatasetError(
-                f"{self.path}: steps {start}..{stop - 1} are outside episode {episode} "
-                f"(length {length})"
-            )
+                f"{path}: not a readable {cls.label} file ({one_line(exc, limit=200)})"
+            ) from None
+        dataset._adopt(handle)
+        return dataset
 
     def close(self) -> None:
         if self._handle is not None and self._pid == os.getpid():
@@ -173,22 +185,7 @@ class RobomimicDataset(Hdf5Dataset):
         except Exception:  # noqa: BLE001 - detect never raises
             return False
 
-    @classmethod
-    def open(cls, path: Path) -> RobomimicDataset:
-        path = Path(path)
-        handle = cls._open_file(path)
-        try:
-            dataset = cls._layout(path, handle)
-        except DatasetError:
-            handle.close()
-            raise
-        except Exception as exc:  # noqa: BLE001 - a damaged layout is one line naming the file
-            handle.close()
-            raise DatasetError(
-                f"{path}: not a readable robomimic file ({one_line(exc, limit=200)})"
-            ) from None
-        dataset._adopt(handle)
-        return dataset
+    label: ClassVar[str] = "robomimic"
 
     @classmethod
     def _layout(cls, path: Path, handle: Any) -> RobomimicDataset:
