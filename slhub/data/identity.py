@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from slhub.atomic import atomic_write
 from slhub.data.episodes import EpisodeDataset
 from slhub.errors import DatasetError
 
@@ -83,9 +84,7 @@ def content_digest(dataset: EpisodeDataset) -> str:
     value = digest.hexdigest()
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_name(f".{cached.name}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps({"content_sha256": value, "path": str(root)}))
-        os.replace(tmp, cached)
+        atomic_write(json.dumps({"content_sha256": value, "path": str(root)}), cached)
     except OSError:
         pass  # a read-only cache only costs the digest again next time
     return value
