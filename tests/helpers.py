@@ -210,3 +210,32 @@ def assert_same_final_state(expected: Path, actual: Path) -> None:
     from slhub.testing import assert_same_state
 
     assert_same_state(checkpoint.load(expected), checkpoint.load(actual))
+
+
+#: The reference dataset files and their own libraries' outputs (tests/data/datasets/README.md).
+DATASETS = TESTS / "data" / "datasets"
+
+
+def oracle(name: str) -> dict[str, Any]:
+    """What a format's own library returned for its reference file (``oracle/NAME.npz``)."""
+    import numpy as np
+
+    with np.load(DATASETS / "oracle" / f"{name}.npz") as z:
+        return {key: z[key] for key in z.files}
+
+
+def assert_exact(got: Any, want: Any, what: str) -> None:
+    """Element for element: the same dtype, shape and values."""
+    import numpy as np
+
+    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    assert np.array_equal(got, want), f"{what}: values differ"
+
+
+def one_line_naming(exc: Any, path: Path) -> str:
+    """The raised error's message: one line that names ``path``."""
+    message = str(exc.value)
+    assert "\n" not in message, message
+    assert str(path) in message, message
+    return message

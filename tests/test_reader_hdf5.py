@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers import DATASETS, assert_exact, one_line_naming, oracle
 from slhub.data.episodes import open_dataset
 from slhub.data.readers.nerd import NerdTrajectoryDataset
 from slhub.data.readers.robomimic import RobomimicDataset
@@ -28,7 +29,7 @@ from slhub.errors import DatasetError
 
 h5py = pytest.importorskip("h5py")
 
-DATA = Path(__file__).parent / "data" / "datasets"
+DATA = DATASETS
 ROBOMIMIC = DATA / "robomimic.hdf5"
 NERD = DATA / "nerd_trajectories.hdf5"
 LENGTHS = [50, 47, 23, 45]
@@ -59,24 +60,6 @@ def robomimic():
 def nerd():
     with NerdTrajectoryDataset.open(NERD) as ds:
         yield ds
-
-
-def oracle(name: str) -> dict[str, np.ndarray]:
-    with np.load(DATA / "oracle" / f"{name}.npz") as z:
-        return {key: z[key] for key in z.files}
-
-
-def assert_exact(got: np.ndarray, want: np.ndarray, what: str) -> None:
-    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
-    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
-    assert np.array_equal(got, want), f"{what}: values differ"
-
-
-def one_line_naming(exc: pytest.ExceptionInfo, path: Path) -> str:
-    message = str(exc.value)
-    assert "\n" not in message
-    assert str(path) in message
-    return message
 
 
 def write_robomimic(path: Path, demos: dict[str, int], **num_samples: int) -> Path:

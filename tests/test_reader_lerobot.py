@@ -19,12 +19,13 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import DATASETS, one_line_naming
 from slhub.data.episodes import EpisodeDataset, open_dataset
 from slhub.data.readers.lerobot import LeRobotDataset
 from slhub.data.windows import Window
 from slhub.errors import DatasetError
 
-DATA = Path(__file__).parent / "data" / "datasets"
+DATA = DATASETS
 NAMES = ("lerobot_v30", "lerobot_v30_images", "lerobot_v21")
 CAMERA = "observation.images.front"
 WINDOW = Window(
@@ -149,11 +150,6 @@ def test_open_dataset_detects_lerobot(name: str) -> None:
     with open_dataset(DATA / name) as ds:
         assert ds.format == "lerobot" and isinstance(ds, LeRobotDataset)
     assert not LeRobotDataset.detect(DATA / "oracle")
-
-
-def one_line_naming(error: pytest.ExceptionInfo[DatasetError], file: Path) -> None:
-    message = str(error.value)
-    assert "\n" not in message and str(file) in message, message
 
 
 def copy_of(name: str, tmp_path: Path) -> Path:

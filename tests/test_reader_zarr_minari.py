@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers import DATASETS, assert_exact, one_line_naming, oracle
 from slhub.data.episodes import EpisodeDataset, open_dataset, readers
 from slhub.data.readers.minari import MinariDataset
 from slhub.data.readers.replay_zarr import ReplayZarrDataset
@@ -28,7 +29,7 @@ from slhub.data.windows import Window
 from slhub.errors import DatasetError
 
 ROOT = Path(__file__).parent.parent
-DATA = Path(__file__).parent / "data" / "datasets"
+DATA = DATASETS
 LENGTHS = [50, 47, 23, 45]
 ZARR = {"replay.zarr": "replay_zarr", "replay_v3.zarr": "replay_v3_zarr"}
 MINARI = {"minari_hdf5": "hdf5", "minari_arrow": "arrow"}
@@ -46,24 +47,6 @@ EXPECTED_FORMAT = {
     "robomimic.hdf5": "robomimic",
     "nerd_trajectories.hdf5": "nerd",
 }
-
-
-def oracle(name: str) -> dict[str, np.ndarray]:
-    with np.load(DATA / "oracle" / f"{name}.npz") as z:
-        return {key: z[key] for key in z.files}
-
-
-def assert_exact(got: np.ndarray, want: np.ndarray, what: str) -> None:
-    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
-    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
-    assert np.array_equal(got, want), f"{what}: values differ"
-
-
-def one_line_naming(exc: pytest.ExceptionInfo, path: Path) -> str:
-    message = str(exc.value)
-    assert "\n" not in message, message
-    assert str(path) in message, message
-    return message
 
 
 def declared_readers() -> dict[str, type[EpisodeDataset]]:
