@@ -218,11 +218,12 @@ def _train(args: argparse.Namespace) -> None:
     from slhub import log
     from slhub.recipe import load_recipe
 
-    # the recipe's core part first, before torch is imported: a typo answers at once
+    # the recipe's core part first, before torch is imported: a typo answers at once; the
+    # run takes the recipe read here (its overrides applied), not the file again
     log.configure(
         args.log_format, int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     )
-    load_recipe(args.config, args.overrides)
+    recipe = load_recipe(args.config, args.overrides)
 
     from slhub.preemption import own_process
     from slhub.run import train
@@ -236,8 +237,8 @@ def _train(args: argparse.Namespace) -> None:
         gc.freeze()
     try:
         train(
-            args.config,
-            args.overrides,
+            recipe,
+            [],
             resume=args.resume,
             log_format=args.log_format,
             overwrite=args.overwrite,

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -163,13 +163,10 @@ class CheckpointManager:
                 purge = tuple(s for s in candidates if s not in kept)
                 if unscheduled is not None and unscheduled != step:
                     purge, unscheduled = (*purge, unscheduled), None
-        best_step, best = (step, best_value) if best_value is not None else (None, None)
-        retention = Retention(
-            kept, best_step or old.best_step, best if best is not None else old.best_value,
-            unscheduled,
-        )  # fmt: skip
+        retention = Retention(kept, old.best_step, old.best_value, unscheduled)
         if best_value is not None:  # after last.pt, before step_N.pt; last.pt also at a
             # validation-only boundary: --resume auto continues from the newest checkpoint
+            retention = replace(retention, best_step=step, best_value=best_value)
             names = [files.LAST, files.BEST, *names[1:]]
         if not names:
             return
