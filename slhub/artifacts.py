@@ -356,7 +356,10 @@ class MetricsLog:
     def append(self, record: dict[str, Any]) -> None:
         """Append one record as a line of strict JSON (non-finite floats as their
         :data:`NON_FINITE` names; ``record`` itself is left as it is)."""
-        line = json.dumps(_strict_json(record), sort_keys=True, allow_nan=False)
+        try:  # every update's line: walk the record only when a value is not finite
+            line = json.dumps(record, sort_keys=True, allow_nan=False)
+        except ValueError:
+            line = json.dumps(_strict_json(record), sort_keys=True, allow_nan=False)
         try:
             self._handle.write((line + "\n").encode())
             self._handle.flush()
