@@ -7,6 +7,7 @@ slhub inspect CKPT
 slhub export --checkpoint CKPT --out DIR [--plugin NAME]
 slhub plot RUN_DIR [--out FILE.png]
 slhub data info|check PATH [--format NAME]; slhub data convert SRC DST [--format NAME]
+slhub data collect DST --env gymnasium:ENV --episodes N --steps T --seed S [--actions ...]
 slhub --version
 
 Exit status: 0 done; 2 bad input or a rank failure (one line); 75 preempted (a
@@ -178,10 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
         sub,
         "data",
         "describe, check or convert a robot dataset (LeRobot, robomimic, zarr, Minari, NeRD, "
-        "slhub's store)",
+        "slhub's store), or collect one from a simulator",
         "examples:\n  slhub data info path/to/lerobot_dataset\n"
-        "  slhub data check demos.hdf5\n  slhub data convert replay.zarr datasets/pusht\n\n"
-        + EXIT_CODES,
+        "  slhub data check demos.hdf5\n  slhub data convert replay.zarr datasets/pusht\n"
+        "  slhub data collect datasets/hopper --env gymnasium:Hopper-v5 --episodes 10 "
+        "--steps 500 --seed 0\n\n" + EXIT_CODES,
     )
     actions = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
     for action, summary in (
@@ -200,7 +202,71 @@ def build_parser() -> argparse.ArgumentParser:
         parser_.add_argument(
             "--format", default="auto", help="reader name (default: detected from the files)"
         )
+    _collect_arguments(actions)
     return parser
+
+
+COLLECT_EXAMPLES = """examples:
+  slhub data collect datasets/hopper --env gymnasium:Hopper-v5 --episodes 100 --steps 1000 \\
+      --actions smooth --seed 0
+  slhub data collect datasets/pendulum --env gymnasium:InvertedPendulum-v5 --episodes 10 \\
+      --steps 200 --actions policy --policy mypolicy:act --noise 0.1 --seed 1 --render
+
+Per step: observation, action, reward, terminated, truncated, qpos, qvel (named after
+the joints), sim_state (mj_getState: restore it and replay the actions bit for bit),
+contact (per-body normal force, where geoms can touch), image (with --render). The same
+command writes a byte-identical dataset. Needs mujoco and gymnasium: pip install 'slhub[sim]'
+
+"""
+
+
+def _collect_arguments(actions: argparse._SubParsersAction) -> None:
+    summary = "roll a MuJoCo simulator out into slhub's store, atomically"
+    collect = actions.add_parser(
+        "collect",
+        help=summary,
+        description=summary[0].upper() + summary[1:] + ".",
+        epilog=COLLECT_EXAMPLES + EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    collect.add_argument("destination", metavar="DST", help="a new directory")
+    collect.add_argument(
+        "--env", required=True, metavar="PREFIX:ENV", help="e.g. gymnasium:Hopper-v5"
+    )
+    collect.add_argument("--episodes", type=int, required=True, help="episodes to record")
+    collect.add_argument(
+        "--steps",
+        type=int,
+        required=True,
+        help="the most steps of an episode (the env's "
+        "time limit); an episode the env terminates is shorter",
+    )
+    collect.add_argument(
+        "--actions",
+        choices=("uniform", "smooth", "policy"),
+        default="uniform",
+        help="uniform in the ctrlrange; smooth: piecewise-linear between random knots; "
+        "policy: --policy (default: uniform)",
+    )
+    collect.add_argument(
+        "--policy",
+        metavar="MODULE:FUNCTION",
+        help="called as FUNCTION(observation, simulator), returns the action",
+    )
+    collect.add_argument(
+        "--noise",
+        type=float,
+        default=0.0,
+        metavar="STD",
+        help="Gaussian noise added to the policy's action; the clean one is kept as "
+        "policy_action (DART)",
+    )
+    collect.add_argument("--seed", type=int, required=True, help="seeds resets and actions")
+    collect.add_argument("--render", action="store_true", help="record an RGB image per step")
+    collect.add_argument(
+        "--camera", default="track", help="track (follows the robot; default) or a model camera"
+    )
+    collect.add_argument("--size", type=int, default=64, help="image height and width")
 
 
 def _data(args: argparse.Namespace) -> None:
@@ -210,6 +276,25 @@ def _data(args: argparse.Namespace) -> None:
         print(command.info(args.path, args.format))
     elif args.data_command == "check":
         print(command.check(args.path, args.format, args.min_length))
+    elif args.data_command == "collect":
+        from slhub.sim import collect
+
+        print(
+            collect(
+                args.destination,
+                args.env,
+                episodes=args.episodes,
+                steps=args.steps,
+                actions=args.actions,
+                seed=args.seed,
+                policy=args.policy,
+                noise=args.noise,
+                render=args.render,
+                camera=args.camera,
+                size=args.size,
+                progress=True,
+            )
+        )
     else:
         print(command.convert(args.path, args.destination, args.format))
 

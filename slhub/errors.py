@@ -32,6 +32,10 @@ class DatasetError(SlhubError):
     """A dataset that is missing, of an unknown format, damaged, or unfit for the recipe."""
 
 
+class SimulatorError(SlhubError):
+    """A simulator or environment that is unknown, missing its library, or misused."""
+
+
 class ArtifactError(SlhubError):
     """An output directory that cannot be claimed or resumed into."""
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -111,10 +111,14 @@ def write_store(
     destination: str | Path,
     *,
     progress: Callable[[int], None] | None = None,
+    provenance: Mapping[str, Any] | None = None,
 ) -> Path:
     """Copy every episode of ``source`` into a new store at ``destination``, atomically.
 
     :param progress: called with the number of steps written after each episode.
+    :param provenance: what ``meta.json``'s ``source`` records (JSON values); default
+        the source's format and path. A generator (``slhub data collect``) records how
+        it made the data there.
     :raises DatasetError: ``destination`` exists, or ``source`` has no episodes.
     """
     destination = Path(destination)
@@ -128,7 +132,7 @@ def write_store(
     shutil.rmtree(building, ignore_errors=True)
     building.mkdir()
     try:
-        _fill(source, building, progress)
+        _fill(source, building, progress, provenance)
         os.replace(building, destination)
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)
@@ -137,7 +141,12 @@ def write_store(
     return destination
 
 
-def _fill(source: EpisodeDataset, folder: Path, progress: Callable[[int], None] | None) -> None:
+def _fill(
+    source: EpisodeDataset,
+    folder: Path,
+    progress: Callable[[int], None] | None,
+    provenance: Mapping[str, Any] | None,
+) -> None:
     ends = np.cumsum(source.lengths).astype(np.int64)
     total = int(ends[-1])
     names = list(source.features)
@@ -173,7 +182,9 @@ def _fill(source: EpisodeDataset, folder: Path, progress: Callable[[int], None] 
             name: {**source.features[name].to_dict(), "file": files[name]} for name in names
         },
         "splits": {name: list(eps) for name, eps in source.splits.items()},
-        "source": {"format": source.format, "path": str(source.path)},
+        "source": dict(provenance)
+        if provenance is not None
+        else {"format": source.format, "path": str(source.path)},
     }
     (folder / META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     _fsync(folder / META)

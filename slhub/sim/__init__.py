@@ -1,0 +1,44 @@
+"""Public simulator adapters: MuJoCo through gymnasium, for ``slhub data collect`` and for
+evaluation rollouts that restore a recorded ``sim_state`` and replay its actions.
+
+The simulator libraries are an optional extra (``pip install 'slhub[sim]'``:
+mujoco and gymnasium[mujoco]); importing this package needs neither, opening a
+simulator does, and names the extra in one line when they are missing.
+
+- :func:`open_simulator` (``gymnasium:Hopper-v5``) returns a :class:`Simulator`;
+  :func:`simulators` lists the prefixes (built-in ``gymnasium``, others from the
+  entry-point group :data:`SIMULATOR_GROUP`).
+- :class:`GymnasiumMujoco` — the built-in adapter: ``reset(seed)``, ``step(action)``,
+  exact ``state()`` / ``restore(state)``, ``qpos``/``qvel`` and their names,
+  ``contact()``, ``render()``.
+- :func:`collect` — episodes rolled out into slhub's dataset store.
+- :mod:`slhub.sim.names` — component names from a MuJoCo model's joints and actuators.
+"""
+
+from slhub.errors import SimulatorError
+from slhub.sim.actions import KNOT_EVERY, SOURCES, load_policy
+from slhub.sim.collect import FORMAT, Collection, collect
+from slhub.sim.gymnasium_mujoco import GymnasiumMujoco
+from slhub.sim.names import actuator_names, body_names, joint_names, qpos_names, qvel_names
+from slhub.sim.simulator import SIMULATOR_GROUP, Simulator, Step, open_simulator, simulators
+
+__all__ = [
+    "FORMAT",
+    "KNOT_EVERY",
+    "SIMULATOR_GROUP",
+    "SOURCES",
+    "Collection",
+    "GymnasiumMujoco",
+    "Simulator",
+    "SimulatorError",
+    "Step",
+    "actuator_names",
+    "body_names",
+    "collect",
+    "joint_names",
+    "load_policy",
+    "open_simulator",
+    "qpos_names",
+    "qvel_names",
+    "simulators",
+]

@@ -1,0 +1,227 @@
+"""``slhub data collect``: roll a simulator out and write the episodes as slhub's store.
+
+Step ``t`` of an episode records the state *before* action ``t`` and what action
+``t`` did:
+
+================  ======================================================================
+feature           per step
+================  ======================================================================
+``observation``   the env's observation (what the action source saw)
+``action``        float64, the action applied (names: the actuators)
+``policy_action`` float64, the clean policy action (only for ``policy`` with ``noise``)
+``reward``        float64, the reward action ``t`` earned
+``terminated``    bool, the env terminated after action ``t`` (the episode ends there)
+``truncated``     bool, the env's time limit (``steps``) ended the episode after ``t``
+``qpos``          float64, names from the joints (:mod:`slhub.sim.names`)
+``qvel``          float64, likewise
+``sim_state``     float64, ``mj_getState(mjSTATE_INTEGRATION)``: restore it, apply
+                  ``action[t:]``, and the episode replays bit for bit
+``contact``       float64 per body, the normal contact force (only where geoms can touch)
+``image``         uint8 ``size x size x 3`` (only with ``render``)
+================  ======================================================================
+
+Seeds: ``SeedSequence(seed).spawn(episodes)`` gives episode ``e`` its own child,
+split in two: one seeds the env's reset, the other the action source's
+``Generator``. Episode ``e`` is therefore the same whatever the number of
+episodes, and the same command writes a byte-identical dataset.
+
+The episodes are held in memory until :func:`slhub.data.write_store` builds the
+store under a temporary name and renames it into place: a collect killed while
+simulating leaves nothing on disk, one stopped by SIGTERM or Ctrl-C while writing
+removes its temporary folder.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from slhub.data import ArrayEpisodes, write_store
+from slhub.errors import DatasetError, SimulatorError
+from slhub.sim.actions import KNOT_EVERY, make_source
+from slhub.sim.render import TRACK
+from slhub.sim.simulator import Simulator, open_simulator
+
+#: ``meta.json``'s ``source.format`` for a collected dataset.
+FORMAT = "slhub.collect/1"
+
+
+@dataclass(frozen=True)
+class Collection:
+    """What :func:`collect` wrote."""
+
+    path: Path
+    env: str
+    lengths: tuple[int, ...]
+
+    def __str__(self) -> str:
+        return (
+            f"collected {len(self.lengths)} episodes ({sum(self.lengths)} steps; length min "
+            f"{min(self.lengths)}, max {max(self.lengths)}) of {self.env} to {self.path}"
+        )
+
+
+def collect(
+    destination: str | Path,
+    env: str,
+    *,
+    episodes: int,
+    steps: int,
+    actions: str = "uniform",
+    seed: int = 0,
+    policy: str | None = None,
+    noise: float = 0.0,
+    render: bool = False,
+    camera: str = TRACK,
+    size: int = 64,
+    progress: bool = False,
+) -> Collection:
+    """Collect ``episodes`` episodes of at most ``steps`` steps of ``env`` (``PREFIX:ENV``)
+    into a new store at ``destination``.
+
+    :param actions: ``uniform``, ``smooth`` or ``policy`` (:mod:`slhub.sim.actions`).
+    :param policy: ``module:function`` for ``policy``; ``noise`` its Gaussian std.
+    :param progress: a bar on stderr when it is a terminal.
+    :raises DatasetError: ``destination`` exists.
+    :raises SimulatorError: an unknown env, a missing library, a bad argument or policy.
+    """
+    destination = Path(destination)
+    for name, value, low in (("--episodes", episodes, 1), ("--steps", steps, 1)):
+        _check_int(name, value, low)
+    _check_int("--seed", seed, 0)
+    if render:
+        _check_int("--size", size, 1)
+    if destination.exists():
+        raise DatasetError(f"{destination}: exists; collect writes a new directory")
+    simulator = open_simulator(env, max_steps=steps)
+    try:
+        source = make_source(actions, simulator, policy=policy, noise=noise)
+        with _signals_unwind():
+            recorded = _roll_out(
+                simulator, source, episodes, steps, seed, render, camera, size, progress
+            )
+            dataset = ArrayEpisodes(
+                recorded, fps=1.0 / simulator.dt, names=_names(simulator, recorded[0])
+            )
+            provenance = {
+                "format": FORMAT,
+                "env": simulator.name,
+                "seed": seed,
+                "episodes": episodes,
+                "steps": steps,
+                "actions": actions,
+                "policy": policy,
+                "noise": noise,
+                "knot_every": KNOT_EVERY if actions == "smooth" else None,
+                "render": {"camera": camera, "size": size} if render else None,
+                "sim_state": "mujoco mj_getState(mjSTATE_INTEGRATION)",
+                "versions": dict(simulator.versions),
+            }
+            write_store(dataset, destination, provenance=provenance)
+    finally:
+        simulator.close()
+    return Collection(destination, simulator.name, tuple(int(n) for n in dataset.lengths))
+
+
+def _roll_out(
+    simulator: Simulator,
+    source: Any,
+    episodes: int,
+    steps: int,
+    seed: int,
+    render: bool,
+    camera: str,
+    size: int,
+    progress: bool,
+) -> list[dict[str, np.ndarray]]:
+    bar = _bar(episodes) if progress and sys.stderr.isatty() else None
+    out = []
+    try:
+        for child in np.random.SeedSequence(seed).spawn(episodes):
+            reset_seed, action_seed = child.spawn(2)
+            observation = simulator.reset(int(reset_seed.generate_state(1)[0]))
+            source.begin(np.random.default_rng(action_seed), steps)
+            rows: dict[str, list[Any]] = {}
+            for _ in range(steps):
+                record = {
+                    "observation": np.array(observation),
+                    "qpos": simulator.qpos,
+                    "qvel": simulator.qvel,
+                    "sim_state": simulator.state(),
+                }
+                contact = simulator.contact()
+                if contact is not None:
+                    record["contact"] = contact
+                if render:
+                    record["image"] = simulator.render(camera, size)
+                action, clean = source(observation, simulator)
+                step = simulator.step(action)
+                record["action"] = np.asarray(action, dtype=np.float64)
+                if clean is not None:
+                    record["policy_action"] = clean
+                record["reward"] = np.float64(step.reward)
+                record["terminated"] = np.bool_(step.terminated)
+                record["truncated"] = np.bool_(step.truncated)
+                for key, value in record.items():
+                    rows.setdefault(key, []).append(value)
+                observation = step.observation
+                if step.terminated or step.truncated:
+                    break
+            out.append({key: np.stack(values) for key, values in sorted(rows.items())})
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    return out
+
+
+def _names(simulator: Simulator, episode: dict[str, np.ndarray]) -> dict[str, tuple[str, ...]]:
+    names = {
+        "qpos": simulator.qpos_names,
+        "qvel": simulator.qvel_names,
+        "action": simulator.action_names,
+        "policy_action": simulator.action_names,
+    }
+    if simulator.contact_names is not None:
+        names["contact"] = simulator.contact_names
+    return {key: value for key, value in names.items() if key in episode}
+
+
+def _check_int(name: str, value: Any, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
+        raise SimulatorError(f"{name} {value!r}: an integer >= {low}")
+
+
+@contextmanager
+def _signals_unwind() -> Iterator[None]:
+    """SIGTERM unwinds like Ctrl-C (the store's temporary folder is removed on the way
+    out) and exits ``128 + 15``; outside the main thread nothing is installed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, _frame: Any) -> None:
+        sys.stderr.write(f"slhub: collect stopped by signal {signum}; nothing written\n")
+        sys.stderr.flush()
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _bar(total: int) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="episode", desc="collect", file=sys.stderr)
