@@ -2,6 +2,7 @@
 
 slhub train --config RECIPE.yaml [--set a.b=VALUE ...] [--resume CKPT|auto] [--overwrite]
             [--allow-source-change] [--allow-dataset-change] [--log-format console|json]
+slhub launch [torchrun options] train ...   (slhub.launch: torch's elastic agent)
 slhub plugins
 slhub inspect CKPT
 slhub export --checkpoint CKPT --out DIR [--plugin NAME]
@@ -12,7 +13,9 @@ slhub --version
 
 Exit status: 0 done; 2 bad input or a rank failure (one line); 75 preempted (a
 checkpoint of the last update was written: rerun with ``--resume auto``); 130
-interrupted; 128+N a second stop signal N; 1 a bug (with a traceback).
+interrupted; 128+N a second stop signal N; 1 a bug (with a traceback) or, one line, a
+worker that lost the others (a worker died). Under ``slhub launch`` a worker leaves
+its last line to the launcher, which prints one line for all of them.
 """
 
 from __future__ import annotations
@@ -36,13 +39,14 @@ EXIT_CODES = """exit status:
   75   preempted by a stop signal: the last update was checkpointed; rerun with --resume auto
   130  interrupted (Ctrl-C)
   128+N  a second stop signal N arrived while the first was being honoured
-  1    a bug in slhub or a plugin (with a traceback)"""
+  1    a bug in slhub or a plugin (with a traceback), or a worker died (one line)"""
 
 TRAIN_EXAMPLES = """examples:
   slhub train --config examples/sl_ddp/cpu.yaml
   slhub train --config examples/sl_ddp/cpu.yaml --set trainer.steps=500 --set optim.lr=3e-4
   slhub train --config examples/sl_ddp/cpu.yaml --resume auto      # start, or continue a requeue
   slhub train --config R.yaml --set trainer.output_dir=outputs/b --resume outputs/a/step_100.pt
+  slhub launch --standalone --nproc-per-node=2 train --config R.yaml --resume auto
   OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node=2 -m slhub train --config R.yaml
 
 """
@@ -130,6 +134,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="console: short lines and a progress bar on a terminal (default); json: one "
         "JSON object per line with run_id, rank and step, errors included, for log pipelines",
     )
+
+    launch = sub.add_parser(
+        "launch",
+        add_help=False,  # `slhub launch --help` is torchrun's options (slhub.launch)
+        help="train on N workers under torch's elastic agent (torchrun's options), "
+        "with slhub's exit status",
+    )
+    launch.add_argument("arguments", nargs=argparse.REMAINDER)
 
     _command(
         sub,
@@ -401,6 +413,11 @@ def _check_paths(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["launch"]:  # torchrun's options are the launcher's to parse
+        from slhub.launch import launch
+
+        return launch(words[1:], owns_process=argv is None)
     args = build_parser().parse_args(argv)
     args.whole_process = argv is None  # the console script or python -m slhub
     try:
@@ -411,19 +428,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         from slhub.preemption import Preempted
 
         fmt = getattr(args, "log_format", "console")
+        code = getattr(exc, "exit_code", EXIT_USAGE)
         if isinstance(exc, Preempted):
             message = f"{exc}; resume with: {_resume_command(argv)}"
-            _final_line(final_line(message, fmt, event="preempted", level="warning"))
-            code = exc.exit_code
+            line = final_line(message, fmt, event="preempted", level="warning")
         else:
-            _final_line(final_line(str(exc), fmt))
-            code = EXIT_USAGE
+            line = final_line(str(exc), fmt)
+        _last_word(line, code, getattr(exc, "origin_rank", None))
         _record_for_torchrun(exc)
         return code
     except KeyboardInterrupt:
-        _final_line("slhub: interrupted")
+        _last_word("slhub: interrupted", EXIT_INTERRUPTED)
         return EXIT_INTERRUPTED
     return 0
+
+
+def _last_word(line: str, code: int, origin_rank: int | None = None) -> None:
+    """The command's last line, or under ``slhub launch`` the worker's record of it:
+    the launcher prints one line for all its workers."""
+    from slhub.launch import report
+
+    if not report(code, line, origin_rank):
+        _final_line(line)
 
 
 def _resume_command(argv: Sequence[str] | None) -> str:
@@ -441,7 +467,11 @@ def _resume_command(argv: Sequence[str] | None) -> str:
         if word.startswith("--resume=") or word == "--overwrite":
             continue
         kept.append(word)
-    launcher = "torchrun ... -m slhub" if "TORCHELASTIC_RUN_ID" in os.environ else "slhub"
+    from slhub.launch import resume_launcher
+
+    launcher = resume_launcher()
+    if launcher is None:
+        launcher = "torchrun ... -m slhub" if "TORCHELASTIC_RUN_ID" in os.environ else "slhub"
     return " ".join([launcher, *map(shlex.quote, kept), "--resume", "auto"])
 
 

@@ -386,7 +386,9 @@ def export(checkpoint: Any, checkpoint_path: Path, out_dir: Path) -> Path | None
 
     :param checkpoint: the loaded checkpoint as a :class:`slhub.export.Checkpoint`
         (``step``, ``model``, ``optimizer``, ``run``, ``ranks``, ``format``; v1 and v2
-        files alike).
+        files alike). ``model`` holds the weights to export: for a run with an ``ema``
+        recipe section its moving average (``checkpoint.ema`` says so), and slhub
+        records that in ``export.json`` after the hook returns.
     :param checkpoint_path: where it was read from (for provenance).
     :param out_dir: an empty directory to write the export into.
     :returns: the export directory, or None when the checkpoint is not this

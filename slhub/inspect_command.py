@@ -55,6 +55,8 @@ def describe(path: str | Path) -> str:
         f"schedule:   {_section(recipe, 'schedule')}{_schedule_state(ckpt.schedule)}",
         f"best:       {_best(ckpt)}",
     ]
+    if ckpt.ema is not None:  # only a run with an ema section: other output stays as it was
+        lines.append(f"ema:        {_ema(ckpt)}")
     return "\n".join(lines + _last_metrics(Path(path).parent / METRICS_FILE, ckpt.step))
 
 
@@ -70,6 +72,21 @@ def _best(ckpt: checkpoint.Checkpoint) -> str:
         f"update {retention.best_step} ({best.get('metric')} = "
         f"{_metric_value(retention.best_value)}, {best.get('mode')}; {checkpoint.BEST})"
     )
+
+
+def _ema(ckpt: checkpoint.Checkpoint) -> str:
+    """The recorded ``ema`` section (the keys its schedule reads) and the updates averaged."""
+    assert ckpt.ema is not None
+    section = ckpt.recipe.get("ema")
+    shown = "not recorded"
+    if isinstance(section, dict):
+        from slhub.recipe import EMA_POWER_KEYS
+
+        keys = [k for k, v in section.items() if v is not None]
+        if section.get("decay") is not None:
+            keys = [k for k in keys if k not in EMA_POWER_KEYS]
+        shown = " ".join(f"{k}={section[k]}" for k in keys)
+    return f"{shown}; {ckpt.ema.step} updates averaged ({len(ckpt.ema.weights)} tensors)"
 
 
 def _last_metrics(path: Path, step: int) -> list[str]:

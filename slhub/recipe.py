@@ -1,12 +1,13 @@
 """Recipes: YAML files validated by pydantic, with ``--set a.b=VALUE`` overrides.
 
 A recipe has a top-level ``plugin`` (the model plugin), an optional ``plugins``
-list (further plugins: loggers, callbacks, metrics), a ``trainer`` section
-validated here, and any number of sections owned by plugins (declared through
-the ``recipe_sections`` hook). From Python, ``plugin``/``plugins`` entries may be
-plugin objects instead of names (:func:`as_recipe`); the recipe then records
-their ``module:qualname`` and keeps the objects aside. Every error becomes one
-:class:`RecipeError` line that names the file and the field path, e.g.
+list (further plugins: loggers, callbacks, metrics), a ``trainer`` section and an
+optional ``ema`` section validated here, and any number of sections owned by
+plugins (declared through the ``recipe_sections`` hook). From Python,
+``plugin``/``plugins`` entries may be plugin objects instead of names
+(:func:`as_recipe`); the recipe then records their ``module:qualname`` and keeps
+the objects aside. Every error becomes one :class:`RecipeError` line that names
+the file and the field path, e.g.
 ``examples/sl_ddp/cpu.yaml: trainer.batch_size: must be > 0``.
 """
 
@@ -24,7 +25,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from slhub.errors import RecipeError, one_line
@@ -54,6 +62,62 @@ class BestCheckpoint(BaseModel):
 
     metric: str = Field(pattern=r"^validation/.+")
     mode: Literal["min", "max"] = "min"
+
+
+#: ``ema`` keys that only the power schedule reads.
+EMA_POWER_KEYS: frozenset[str] = frozenset(
+    {"inv_gamma", "min_decay", "max_decay", "update_after_step"}
+)
+
+
+class EmaSection(BaseModel):
+    """``ema``: an exponential moving average of the trained parameters, which validation,
+    ``trainer.best`` and export use instead of the trained ones (docs/recipes.md#ema).
+
+    Either a constant ``decay`` or diffusion_policy's warm-up schedule (``power`` with
+    ``inv_gamma``, ``min_decay``, ``max_decay``, ``update_after_step``; its defaults are
+    diffusion_policy's), so a policy trained there averages the same way here.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    decay: float | None = Field(default=None, ge=0, lt=1)
+    power: float | None = Field(default=None, gt=0)
+    inv_gamma: float = Field(default=1.0, gt=0)
+    min_decay: float = Field(default=0.0, ge=0, le=1)
+    max_decay: float = Field(default=0.9999, ge=0, le=1)
+    update_after_step: int = Field(default=0, ge=0, le=MAX_COUNT)
+
+    @model_validator(mode="after")
+    def _one_schedule(self) -> EmaSection:
+        """One way to average, and no key that it would ignore."""
+        if (self.decay is None) == (self.power is None):
+            raise ValueError(
+                "set either decay (a constant) or power (the warm-up schedule), not "
+                + ("both" if self.decay is not None else "neither")
+            )
+        ignored = sorted(EMA_POWER_KEYS & self.model_fields_set)
+        if self.decay is not None and ignored:
+            raise ValueError(f"{', '.join(ignored)} apply to the power schedule only, not decay")
+        if self.min_decay > self.max_decay:
+            raise ValueError(f"min_decay {self.min_decay} exceeds max_decay {self.max_decay}")
+        return self
+
+    def decay_after(self, done: int) -> float:
+        """The decay of the update after ``done`` averaged ones.
+
+        The power schedule is diffusion_policy's ``EMAModel.get_decay(done)``: with
+        ``s = done - update_after_step - 1``, 0 (a copy of the weights) while ``s <= 0``,
+        then ``1 - (1 + s / inv_gamma) ** -power`` clamped to ``[min_decay, max_decay]``.
+        """
+        if self.decay is not None:
+            return self.decay
+        assert self.power is not None
+        step = done - self.update_after_step - 1
+        if step <= 0:
+            return 0.0
+        value = 1 - (1 + step / self.inv_gamma) ** -self.power
+        return max(self.min_decay, min(value, self.max_decay))
 
 
 class TrainerConfig(BaseModel):
@@ -129,7 +193,7 @@ class TrainerConfig(BaseModel):
 
 
 #: Top-level keys the core validates itself; every other key is a plugin's section.
-CORE_KEYS: frozenset[str] = frozenset({"plugin", "plugins", "trainer"})
+CORE_KEYS: frozenset[str] = frozenset({"plugin", "plugins", "trainer", "ema"})
 
 
 class RecipeHead(BaseModel):
@@ -140,6 +204,8 @@ class RecipeHead(BaseModel):
     plugin: str = Field(min_length=1)
     plugins: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
     trainer: TrainerConfig
+    #: Absent or null: no moving average (nothing about the run changes).
+    ema: EmaSection | None = None
 
     @field_validator("plugins")
     @classmethod
@@ -168,6 +234,7 @@ class Recipe:
         self.plugin = head.plugin
         self.plugins = list(head.plugins)
         self.trainer = head.trainer
+        self.ema = head.ema
         self.sections: dict[str, BaseModel] = {}
         #: Plugin objects given from Python, by the name the recipe records for them.
         self.objects: dict[str, Any] = dict(objects or {})
@@ -177,6 +244,9 @@ class Recipe:
         data = copy.deepcopy(self.data)
         data["plugins"] = list(self.plugins)
         data["trainer"] = self.trainer.model_dump()
+        data.pop("ema", None)  # null reads as absent: the recipe of a run without EMA
+        if self.ema is not None:
+            data["ema"] = self.ema.model_dump()
         for name, section in self.sections.items():
             data[name] = section.model_dump(mode="json")
         return data

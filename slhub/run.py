@@ -30,7 +30,7 @@ from slhub import artifacts, distributed, log, preemption, registry
 from slhub._version import __version__
 from slhub.checkpoint import LAST, ResumePlan, StartRequest, plan_resume
 from slhub.errors import ArtifactError, PluginError, SlhubError
-from slhub.recipe import Recipe, as_recipe
+from slhub.recipe import CORE_KEYS, Recipe, as_recipe
 from slhub.trainer import Loop, RunContext
 
 LOG = log.get_logger()
@@ -234,7 +234,7 @@ def _admit(
         sections: dict[str, Any] = {}
         for part in plugins.hook.recipe_sections():
             for name, model in (part or {}).items():
-                if name in sections or name in ("plugin", "plugins", "trainer"):
+                if name in sections or name in CORE_KEYS:
                     raise PluginError(f"recipe section {name!r} is claimed twice")
                 sections[name] = model
         recipe.validate_sections(sections)

@@ -10,9 +10,10 @@
 - :func:`check_resume_exact` runs a recipe uninterrupted, and again preempted
   at update k (by the extra plugin :class:`StopAt`) and resumed, in fresh
   processes (one, or N Gloo workers under torchrun), and compares the two
-  final checkpoints bit for bit: model, optimizer, schedule and every rank's
-  state. Its :class:`ResumeCheck` also validates the final weights again
-  (:meth:`ResumeCheck.revalidate`), to compare with what the run logged.
+  final checkpoints bit for bit: model, optimizer, schedule, the moving average
+  (``ema``) and every rank's state. Its :class:`ResumeCheck` also validates the
+  final weights again (:meth:`ResumeCheck.revalidate`), to compare with what the
+  run logged.
 - :func:`check_resume_and_revalidate` is both, with the checks a model
   package's example recipe needs: the checkpoint is its model and reproduces
   the validation the run logged.
@@ -22,6 +23,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -173,6 +175,10 @@ def assert_tree_equal(a: Any, b: Any, where: str = "") -> None:
         assert set(a) == set(b), f"keys differ at {where}: {set(a) ^ set(b)}"
         for key in a:
             assert_tree_equal(a[key], b[key], f"{where}.{key}")
+    elif dataclasses.is_dataclass(a) and not isinstance(a, type):  # Retention, EmaState
+        assert type(a) is type(b), f"{type(a).__name__} vs {type(b).__name__} at {where}"
+        for item in dataclasses.fields(a):
+            assert_tree_equal(getattr(a, item.name), getattr(b, item.name), f"{where}.{item.name}")
     elif isinstance(a, (list, tuple)):
         assert isinstance(b, (list, tuple)), f"sequence vs {type(b).__name__} at {where}"
         assert len(a) == len(b), f"lengths differ at {where}: {len(a)} != {len(b)}"
@@ -184,7 +190,7 @@ def assert_tree_equal(a: Any, b: Any, where: str = "") -> None:
 
 #: The fields of a :class:`~slhub.checkpoint.Checkpoint` that hold the training state
 #: (``run`` is identity, not state).
-STATE_FIELDS = ("step", "model", "optimizer", "schedule", "scaler", "ranks", "retention")
+STATE_FIELDS = ("step", "model", "optimizer", "schedule", "scaler", "ranks", "retention", "ema")
 
 
 def assert_same_state(expected: Checkpoint, actual: Checkpoint) -> None:
@@ -217,13 +223,14 @@ class ResumeCheck:
         """Validate the resumed run's final weights again, outside any loop.
 
         ``plugin``'s model is built on ``trainer`` (a stand-in holding the run's
-        recorded sections), the final checkpoint's weights are loaded and
+        recorded sections), the final checkpoint's weights are loaded (its EMA
+        weights where the run averages: what the loop validated) and
         ``validate`` is called as the loop calls it at ``step``. Returns what it
         computes and the validation record the run logged at ``step``: whether the
         checkpoint is the plugin's model and reproduces what the run reported.
         """
         model = trainer.build(plugin)
-        model.load_state_dict(self.final("resumed").model)
+        model.load_state_dict(self.final("resumed").evaluation_weights)
         with torch.no_grad():
             (metrics,) = hooks_of(plugin).validate(trainer=trainer, model=model.eval(), step=step)
         logged = next(

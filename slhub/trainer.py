@@ -16,9 +16,11 @@
                           (accumulating: scale_loss(result, world_size), then grad *= N/total)
         if agreed.total_weight > 0: clip the gradient norm; optimizer.step()  # else skipped
         schedule.step()                                   # every update, skipped ones too
+        ema.update()                        # recipe `ema`: every update, every rank alike
         on_commit(...); rank 0 appends the metrics line (train/loss, train/lr, ...), on_log
         if boundary: committed = gather every rank's state_dict()     # collective, all ranks
         if validation step and rank 0: validate(...), metrics line, on_log  # errors held
+                          (with the EMA weights swapped in, and the trained ones back after)
                           then rank 0's own entry of committed = its state_dict() again
         if save step (or a new best) and rank 0: write committed, apply keep_last
                           # even if validation failed; errors held (slhub.checkpoint)
@@ -50,6 +52,7 @@ from torch.nn.parallel import DistributedDataParallel
 from slhub import distributed, log, rng
 from slhub.artifacts import MetricsLog
 from slhub.checkpoint import Checkpoint, CheckpointManager, files
+from slhub.ema import Ema
 from slhub.errors import PluginError, SlhubError, one_line
 from slhub.hookspecs import LossResult
 from slhub.optim import MixedPrecision
@@ -161,6 +164,8 @@ class Loop(TrainerBase):
         self.model.train()
         self.precision = MixedPrecision(self.config.precision, device)
         self.optimizer, self.scheduler = self._configure_optimizers()
+        #: The moving average of the recipe's ``ema`` section (None without one).
+        self.ema = Ema(self.model, recipe.ema) if recipe.ema is not None else None
         self.generator = torch.Generator().manual_seed(sampler_seed(self.config.seed, self.rank))
         rng.seed_everything(rng.derived_seed(self.config.seed, self.rank, "process"))
         self._objective = _Objective(self.model, self)
@@ -271,6 +276,8 @@ class Loop(TrainerBase):
         self._backward(*last, agreed.total_weight)
         lr = self.optimizer.param_groups[0]["lr"]  # this update's rate, before the schedule steps
         grad_norm = self._step_optimizer(agreed.total_weight)
+        if self.ema is not None:
+            self.ema.update()
         if not self._buckets_rebuilt:
             self._rebuild_buckets_once()
         self.step = step
@@ -471,7 +478,8 @@ class Loop(TrainerBase):
         """Rank 0: every plugin's ``validate``, logged; returns the metrics line."""
         self.checkpoints.in_validation = True
         try:
-            results = self.hook.validate(trainer=self, model=self.model, step=step)
+            with self.ema.swapped_in() if self.ema is not None else nullcontext():
+                results = self.hook.validate(trainer=self, model=self.model, step=step)
         finally:
             self.checkpoints.in_validation = False
         merged: dict[str, Any] = {}

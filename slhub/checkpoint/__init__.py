@@ -13,7 +13,7 @@
 from slhub.checkpoint.files import BEST, LAST, load, read_bytes, step_file
 from slhub.checkpoint.manager import Boundary, CheckpointManager
 from slhub.checkpoint.resume import AUTO, ResumePlan, StartRequest, plan_resume
-from slhub.checkpoint.schema import FORMAT_V2, Checkpoint, Retention
+from slhub.checkpoint.schema import FORMAT_V2, Checkpoint, EmaState, Retention
 
 __all__ = [
     "AUTO",
@@ -23,6 +23,7 @@ __all__ = [
     "Boundary",
     "Checkpoint",
     "CheckpointManager",
+    "EmaState",
     "ResumePlan",
     "Retention",
     "StartRequest",

@@ -6,8 +6,8 @@ One manager per rank (torchtitan's CheckpointManager role). The loop calls
 :meth:`~CheckpointManager.refresh_own` after validation and
 :meth:`~CheckpointManager.write_boundary`. On resume
 :meth:`~CheckpointManager.apply` loads a checkpoint into the loop's model,
-optimizer, schedule, scaler and plugins. ``Trainer.save()`` is
-:meth:`~CheckpointManager.save`.
+optimizer, schedule, scaler, moving average (``ema``) and plugins.
+``Trainer.save()`` is :meth:`~CheckpointManager.save`.
 
 Retention: with ``trainer.keep_last: N`` the N newest boundary ``step_N.pt`` files
 are kept (an older one is removed only after the newer write is durable;
@@ -32,7 +32,13 @@ import slhub.checkpoint.files as files
 from slhub import log
 from slhub.artifacts import MetricsLog, record_best
 from slhub.checkpoint.gather import gather_rank_states, snapshot
-from slhub.checkpoint.schema import Checkpoint, Retention, check_fits, check_state_loadable
+from slhub.checkpoint.schema import (
+    Checkpoint,
+    EmaState,
+    Retention,
+    check_fits,
+    check_state_loadable,
+)
 from slhub.errors import CheckpointError, DatasetError, SlhubError, one_line
 from slhub.recipe import TrainerConfig
 
@@ -51,6 +57,8 @@ class Owner(Protocol):
     optimizer: torch.optim.Optimizer
     scheduler: Any
     hook: Any
+    #: The moving average (:class:`slhub.ema.Ema`), or None without an ``ema`` section.
+    ema: Any
 
     @property
     def scaler(self) -> Any: ...
@@ -207,16 +215,19 @@ class CheckpointManager:
         owner = self._owner
         ranks = self._committed
         check_state_loadable(ranks)
-        scaler = owner.scaler
+        scaler, ema = owner.scaler, owner.ema
+        # the trained weights, also from validate while the averaged ones are in the model
+        model = owner.model.state_dict() if ema is None else ema.trained_state_dict(owner.model)
         ckpt = Checkpoint(
             step=self._committed_step,
             run=self.identity,
-            model=owner.model.state_dict(),
+            model=model,
             optimizer=owner.optimizer.state_dict(),
             schedule=owner.scheduler.state_dict() if owner.scheduler is not None else None,
             scaler=scaler.state_dict() if scaler is not None else None,
             ranks=ranks,
             retention=retention,
+            ema=EmaState(ema.step, ema.weights) if ema is not None else None,
         )
         # last.pt first: it is what --resume auto continues from, so a kill between the
         # names must not leave step_N.pt without a last.pt (nor last.pt behind it)
@@ -239,6 +250,7 @@ class CheckpointManager:
                 "recovery needs the same data (pass --allow-dataset-change to resume anyway)"
             )
         check_fits(ckpt, owner.model, owner.optimizer)
+        _check_ema(ckpt, owner.ema is not None)
         try:
             owner.model.load_state_dict(ckpt.model)
             owner.optimizer.load_state_dict(ckpt.optimizer)
@@ -250,6 +262,9 @@ class CheckpointManager:
             raise CheckpointError(
                 f"checkpoint does not fit this recipe's model: {one_line(exc)}"
             ) from None
+        if owner.ema is not None:
+            assert ckpt.ema is not None
+            owner.ema.load(ckpt.ema.step, ckpt.ema.weights)
         owner.step = ckpt.step
         try:
             owner.hook.load_state_dict(trainer=owner, state=ckpt.rank_state(owner.rank))
@@ -264,6 +279,23 @@ class CheckpointManager:
             )
         self.retention = ckpt.retention
         return changes
+
+
+def _check_ema(ckpt: Checkpoint, averaging: bool) -> None:
+    """A run with an ``ema`` section continues a checkpoint's average, never starts one
+    midway (its warm-up would restart), and a run without one does not drop it. The
+    recipe comparison refuses both for a v2 checkpoint already; this covers a v1 file."""
+    if averaging and ckpt.ema is None:
+        raise CheckpointError(
+            f"checkpoint of update {ckpt.step} holds no EMA weights and this recipe has an ema "
+            "section: an exact resume continues an average from its start (remove ema, or "
+            "train afresh)"
+        )
+    if not averaging and ckpt.ema is not None:
+        raise CheckpointError(
+            "checkpoint holds EMA weights and this recipe has no ema section: an exact "
+            "resume keeps averaging (add the checkpoint's ema section)"
+        )
 
 
 def dataset_differences(ckpt: Checkpoint, current: dict[str, dict[str, Any]]) -> list[str]:

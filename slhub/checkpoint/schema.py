@@ -2,8 +2,10 @@
 
 v2 (written by slhub): ``format``, ``step``, ``run``, ``model``, ``optimizer``,
 ``scheduler`` (``schedule`` and ``scaler`` state), ``ranks`` (one entry per global
-rank) and, from this version on, ``retention`` (the files ``trainer.keep_last``
-keeps and the best validation so far; absent in older files, read as empty).
+rank), ``retention`` (the files ``trainer.keep_last`` keeps and the best validation
+so far; absent in older files, read as empty) and, only in a run whose recipe has an
+``ema`` section, ``ema`` (the averaged parameters and the number of updates they
+hold: :class:`EmaState`).
 v1 (single-device layout, before run identities): ``step``, ``model``,
 ``optimizer``, ``rng`` and no ``format``; read for export and for a resume into
 a fresh destination only.
@@ -31,7 +33,7 @@ FORMAT_V1 = "slhub.checkpoint/1"
 V1_KEYS = frozenset({"step", "model", "optimizer", "rng"})
 V2_KEYS = frozenset({"format", "step", "run", "model", "optimizer", "scheduler", "ranks"})
 #: v2 keys a file written before them may lack.
-V2_OPTIONAL = frozenset({"retention"})
+V2_OPTIONAL = frozenset({"retention", "ema"})
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,25 @@ class Retention:
 
 
 @dataclass(frozen=True)
+class EmaState:
+    """The moving average of a run with an ``ema`` recipe section: ``weights``, the
+    averaged parameters by model state-dict name, and ``step``, the number of updates
+    averaged (its warm-up counter), so a resume continues the same decay sequence."""
+
+    step: int
+    weights: dict[str, torch.Tensor]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "weights": self.weights}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> EmaState | None:
+        if data is None:
+            return None
+        return cls(int(data["step"]), data["weights"])
+
+
+@dataclass(frozen=True)
 class Checkpoint:
     """A loaded checkpoint, v1 or v2, as one typed object.
 
@@ -85,6 +106,8 @@ class Checkpoint:
     schedule: dict[str, Any] | None = None
     scaler: dict[str, Any] | None = None
     retention: Retention = field(default_factory=Retention)
+    #: The moving average (None: the run keeps none).
+    ema: EmaState | None = None
     version: int = 2
 
     @property
@@ -117,6 +140,15 @@ class Checkpoint:
         """The plugin sources the run identity records, model plugin first."""
         return plugins_of(self.run)
 
+    @property
+    def evaluation_weights(self) -> dict[str, torch.Tensor]:
+        """The weights validation, ``trainer.best`` and export judge: ``model`` with its
+        averaged parameters in place of the trained ones where the run keeps an EMA
+        (buffers and frozen parameters are the model's own), else ``model``."""
+        if self.ema is None:
+            return self.model
+        return {**self.model, **self.ema.weights}
+
     def rank_state(self, rank: int) -> dict[str, Any]:
         """What the ``load_state_dict`` hook receives on ``rank``."""
         return self.ranks[rank] if self.version == 2 else self.ranks[0]
@@ -130,7 +162,7 @@ class Checkpoint:
                 "optimizer": self.optimizer,
                 "rng": self.ranks[0]["rng"],
             }
-        return {
+        data = {
             "format": FORMAT_V2,
             "step": self.step,
             "run": self.run,
@@ -140,6 +172,9 @@ class Checkpoint:
             "ranks": self.ranks,
             "retention": self.retention.to_dict(),
         }
+        if self.ema is not None:  # a run without EMA writes what it wrote before EMA existed
+            data["ema"] = self.ema.to_dict()
+        return data
 
     def to_v1(self) -> dict[str, Any]:
         """The single-device (v1) layout: rank 0's RNG, no identity."""
@@ -177,6 +212,7 @@ class Checkpoint:
             schedule=scheduler.get("schedule"),
             scaler=scheduler.get("scaler"),
             retention=retention,
+            ema=EmaState.from_dict(data.get("ema")),
         )
 
 
@@ -305,6 +341,22 @@ def _type_problem(data: dict[str, Any], version: int) -> str | None:
         return "scheduler is neither None nor a state dict"
     if too_deep(run, MAX_DEPTH + 1) is not None:  # + 1: the recipe sits inside the identity
         return f"run identity is nested more than {MAX_DEPTH} levels deep"
+    return _ema_problem(data.get("ema"))
+
+
+def _ema_problem(ema: Any) -> str | None:
+    """What is wrong with a v2 checkpoint's ``ema`` entry (None: absent, no EMA)."""
+    if ema is None:
+        return None
+    if not isinstance(ema, dict) or set(ema) != {"step", "weights"}:
+        return "ema is not {step, weights}"
+    step, weights = ema["step"], ema["weights"]
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        return f"ema.step is {step!r}, expected an int >= 0"
+    if not isinstance(weights, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in weights.items()
+    ):
+        return "ema.weights is not a state dict of named tensors"
     return None
 
 

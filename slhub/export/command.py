@@ -8,16 +8,25 @@ plugin with ``--plugin`` (a name on the command line is the user's choice; a
 name inside a file is not). A v1 checkpoint records no plugin and is offered to
 every installed plugin. Every user error is a one-line
 :class:`~slhub.errors.SlhubError` (the CLI exits 2).
+
+A checkpoint of a run with an ``ema`` recipe section is exported with its moving
+average as the model's weights: the exporter receives the checkpoint with ``model``
+holding :attr:`~slhub.checkpoint.Checkpoint.evaluation_weights` (the weights the run
+validated and picked ``best.pt`` by), and ``export.json`` then records
+``weights: {source: ema, updates: N, ema: SECTION}`` so a reader knows which weights
+it holds.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from slhub import checkpoint, log, registry
+from slhub.atomic import atomic_write
 from slhub.errors import ArtifactError, CheckpointError, PluginError, SlhubError, one_line
 from slhub.paths import path_errors, user_path
 
@@ -81,6 +90,22 @@ def _exported_dir(result: object, source: registry.PluginSource) -> Path:
     return path
 
 
+def _record_ema_weights(exported: Exported, ckpt: checkpoint.Checkpoint) -> None:
+    """Add to the exporter's ``export.json`` that its weights are the moving average, how
+    many updates it holds and the recipe's ``ema`` section (export.json stays last)."""
+    manifest_path = exported.path / "export.json"
+    hook = f"the export hook of {exported.plugin.describe()}"
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise PluginError(f"{hook} wrote an unreadable {manifest_path} ({one_line(exc)})") from None
+    if not isinstance(manifest, dict):
+        raise PluginError(f"{hook} wrote {manifest_path} holding no JSON object")
+    assert ckpt.ema is not None
+    manifest["weights"] = {"source": "ema", "updates": ckpt.ema.step, "ema": ckpt.recipe.get("ema")}
+    atomic_write(json.dumps(manifest, indent=2) + "\n", manifest_path)
+
+
 def _short(value: object, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -128,12 +153,13 @@ def run_export(
     ckpt = checkpoint.load(checkpoint_path)
     pm, candidates = registry.export_manager(choose_exporter(ckpt, checkpoint_path, plugin))
     created = _claim_out_dir(out_dir)
+    judged = replace(ckpt, model=ckpt.evaluation_weights)  # the EMA weights where averaged
     try:
         for source in candidates:
             others = [p for name, p in pm.list_name_plugin() if name != source.name]
             ask = pm.subset_hook_caller("export", remove_plugins=others)
             try:
-                result = ask(checkpoint=ckpt, checkpoint_path=checkpoint_path, out_dir=out_dir)
+                result = ask(checkpoint=judged, checkpoint_path=checkpoint_path, out_dir=out_dir)
             except SlhubError:
                 raise
             except (Exception, SystemExit) as exc:  # a plugin bug: its traceback, one line
@@ -142,7 +168,10 @@ def run_export(
                     f"{source.describe()} failed in its export hook: {one_line(exc)}"
                 ) from None
             if result is not None:
-                return Exported(_exported_dir(result, source), source)
+                exported = Exported(_exported_dir(result, source), source)
+                if ckpt.ema is not None:
+                    _record_ema_weights(exported, ckpt)
+                return exported
     except BaseException:
         if created:
             shutil.rmtree(out_dir, ignore_errors=True)
