@@ -129,6 +129,29 @@ def distributed_run(
             dist.destroy_process_group()
 
 
+class WorkerLost(SlhubError):
+    """The agreement's collective failed: another worker died or the network broke.
+
+    The cause is elsewhere (the dead worker, its launcher's status), so this rank says
+    so in one line, without a traceback, and exits 1 (a failure, not bad input).
+    """
+
+    exit_code = 1
+
+
+def _all_reduce(buf: torch.Tensor) -> None:
+    """``dist.all_reduce`` of an agreement: a fixed-size sum that only a broken process
+    group can fail (Gloo: "Connection reset by peer" when a worker died)."""
+    try:
+        dist.all_reduce(buf)
+    except RuntimeError as exc:  # DistError and Gloo's plain RuntimeError
+        raise WorkerLost(
+            f"rank {rank()} lost the other workers in an update's agreement "
+            f"({one_line(exc, 160)}): a worker died or the network failed; rerun with "
+            "--resume auto to continue from the last checkpoint"
+        ) from None
+
+
 class Agreement(NamedTuple):
     """What every rank learns from one update's agreement collective (a tuple: it is
     made every update, and a frozen dataclass costs several times more to build)."""
@@ -173,20 +196,20 @@ def agree(
         [math.nan if failed else weight, 0.0 if failed else (math.inf if stop else weighted_loss)],
         dtype=torch.float64,
     ).to(device)
-    dist.all_reduce(buf)
+    _all_reduce(buf)
     total_weight, weighted_loss_sum = buf.tolist()
     if not math.isnan(total_weight):
         if weighted_loss_sum != math.inf:
             return Agreement(total_weight, weighted_loss_sum, ())
         true_loss = torch.tensor([0.0 if failed else weighted_loss], dtype=torch.float64)
         true_loss = true_loss.to(device)
-        dist.all_reduce(true_loss)
+        _all_reduce(true_loss)
         return Agreement(total_weight, true_loss.item(), (), stop=True)
     codes = torch.zeros(world_size(), dtype=torch.float64)
     if failed:
         codes[rank()] = PHASES.index(failure_phase) + 1
     codes = codes.to(device)
-    dist.all_reduce(codes)
+    _all_reduce(codes)
     failures = tuple(
         (r, PHASES[int(code) - 1]) for r, code in enumerate(codes.tolist()) if int(code) > 0
     )
