@@ -276,7 +276,10 @@ def _collect_arguments(actions: argparse._SubParsersAction) -> None:
     collect.add_argument("--seed", type=int, required=True, help="seeds resets and actions")
     collect.add_argument("--render", action="store_true", help="record an RGB image per step")
     collect.add_argument(
-        "--camera", default="track", help="track (follows the robot; default) or a model camera"
+        "--camera",
+        default="follow",
+        help="a camera of the model (Hopper's track), or follow: slhub's, which follows the "
+        "robot from the side (default)",
     )
     collect.add_argument("--size", type=int, default=64, help="image height and width")
 

@@ -47,7 +47,7 @@ import numpy as np
 from slhub.data import ArrayEpisodes, write_store
 from slhub.errors import DatasetError, SimulatorError
 from slhub.sim.actions import KNOT_EVERY, make_source
-from slhub.sim.render import TRACK
+from slhub.sim.render import FOLLOW
 from slhub.sim.simulator import Simulator, open_simulator
 
 #: ``meta.json``'s ``source.format`` for a collected dataset.
@@ -80,7 +80,7 @@ def collect(
     policy: str | None = None,
     noise: float = 0.0,
     render: bool = False,
-    camera: str = TRACK,
+    camera: str = FOLLOW,
     size: int = 64,
     progress: bool = False,
 ) -> Collection:

@@ -22,7 +22,7 @@ import numpy as np
 
 from slhub.errors import SimulatorError, one_line
 from slhub.sim import names
-from slhub.sim.render import TRACK, OffscreenCamera, import_mujoco
+from slhub.sim.render import FOLLOW, OffscreenCamera, import_mujoco
 from slhub.sim.simulator import Step
 
 PREFIX = "gymnasium"
@@ -148,7 +148,7 @@ class GymnasiumMujoco:
                     forces[body - 1] += abs(wrench[0])
         return forces
 
-    def render(self, camera: str = TRACK, size: int = 64) -> np.ndarray:
+    def render(self, camera: str = FOLLOW, size: int = 64) -> np.ndarray:
         key = (camera, int(size))
         if key not in self._cameras:
             self._cameras[key] = OffscreenCamera(self.model, camera, int(size))

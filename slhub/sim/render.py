@@ -7,8 +7,9 @@ small frames gain nothing from them and a headless EGL may not support them.
 Models without a light of their own (InvertedPendulum) get a brighter headlight:
 the default one leaves them nearly black.
 
-Cameras: ``track`` (the default) follows body 1, the robot's root, from the side
-at the model's extent; any other name is a camera the model defines.
+Cameras: a name the model defines (Hopper's ``track``), else ``follow`` (the
+default): slhub's own, which follows body 1, the robot's root, from the side at the
+model's extent, for models without a camera of their own (InvertedPendulum).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ import numpy as np
 
 from slhub.errors import SimulatorError, one_line
 
-#: The camera slhub places itself: tracks body 1 from the side.
-TRACK = "track"
+#: The camera slhub places itself: follows body 1 from the side.
+FOLLOW = "follow"
 
 
 def import_mujoco() -> Any:
@@ -51,26 +52,26 @@ def prepare_model(model: Any) -> None:
 class OffscreenCamera:
     """Renders ``size x size`` RGB frames of one model from one camera."""
 
-    def __init__(self, model: Any, camera: str = TRACK, size: int = 64) -> None:
+    def __init__(self, model: Any, camera: str = FOLLOW, size: int = 64) -> None:
         mujoco = import_mujoco()
         self._mujoco = mujoco
-        if camera == TRACK:
+        index = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, camera)
+        if index >= 0:
+            self._camera: Any = index
+        elif camera == FOLLOW:
             view = mujoco.MjvCamera()
             view.type = mujoco.mjtCamera.mjCAMERA_TRACKING
             view.trackbodyid = 1 if model.nbody > 1 else 0
             view.distance = float(model.stat.extent)
             view.elevation = -20.0
             view.azimuth = 90.0
-            self._camera: Any = view
+            self._camera = view
         else:
-            index = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, camera)
-            if index < 0:
-                have = [model.camera(i).name for i in range(model.ncam)]
-                raise SimulatorError(
-                    f"--camera {camera!r}: the model has no such camera (cameras: "
-                    f"{', '.join([TRACK, *have])})"
-                )
-            self._camera = index
+            have = [model.camera(i).name for i in range(model.ncam)]
+            raise SimulatorError(
+                f"--camera {camera!r}: the model has no such camera (cameras: "
+                f"{', '.join([FOLLOW, *have])})"
+            )
         prepare_model(model)
         model.vis.global_.offwidth = max(int(model.vis.global_.offwidth), size)
         model.vis.global_.offheight = max(int(model.vis.global_.offheight), size)
@@ -78,7 +79,8 @@ class OffscreenCamera:
             self._renderer = mujoco.Renderer(model, size, size)
         except Exception as exc:  # noqa: BLE001 - no GL context: one line, not a traceback
             raise SimulatorError(
-                f"cannot render offscreen (MUJOCO_GL={os.environ.get('MUJOCO_GL')}): "
+                f"cannot render offscreen with MUJOCO_GL={os.environ.get('MUJOCO_GL')} (mujoco "
+                "reads it when first imported: set it before anything imports mujoco): "
                 f"{one_line(exc, limit=200)}"
             ) from None
 

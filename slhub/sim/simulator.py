@@ -79,7 +79,7 @@ class Simulator(Protocol):
     def contact(self) -> np.ndarray | None:
         """Per body of :attr:`contact_names`, the normal contact force now (or None)."""
 
-    def render(self, camera: str = "track", size: int = 64) -> np.ndarray:
+    def render(self, camera: str = "follow", size: int = 64) -> np.ndarray:
         """A ``size x size x 3`` uint8 frame of the current state, rendered offscreen."""
 
     def close(self) -> None:
