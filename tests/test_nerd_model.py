@@ -14,13 +14,12 @@ from pydantic import ValidationError
 from safetensors import safe_open
 
 from slhub import checkpoint
-from slhub.builtin.nerd.data import training_statistics, window_batch
 from slhub.builtin.nerd.export_format import load_export
 from slhub.builtin.nerd.model import NerdArch, NerdModel
 from slhub.builtin.nerd.plugin import NerdPlugin
 from slhub.builtin.nerd.sections import DataSection, LossSection, ModelSection, ValidationSection
 from slhub.checkpoint import Checkpoint
-from slhub.data import cartpole, wrap_angle
+from slhub.data import cartpole, state_deltas, wrap_angle
 from slhub.export import load
 from slhub.testing import StandInTrainer, hooks_of
 
@@ -67,6 +66,18 @@ def train_a_little(plugin, trainer, model, steps: int = 5) -> None:
     model.eval()
 
 
+def split_arrays(plugin: NerdPlugin, which: str) -> tuple[np.ndarray, np.ndarray]:
+    """The generated cart-pole split as the generator made it: ``states [N, T + 1, 4]`` and
+    ``actions [N, T, 1]`` (read back from the store the plugin trains from)."""
+    data = plugin._data
+    episodes = data.episodes(which)
+    states = np.stack([data.dataset.read("state", e, 0, data.dataset.lengths[e]) for e in episodes])
+    actions = np.stack(
+        [data.dataset.read("action", e, 0, data.dataset.lengths[e]) for e in episodes]
+    )
+    return states, actions[:, :-1]
+
+
 def export_v1(model: NerdModel, tmp_path: Path, name: str = "export") -> Path:
     path = tmp_path / f"{name}.pt"
     torch.save({"step": 5, "model": model.state_dict(), "optimizer": {}, "rng": {}}, path)
@@ -102,7 +113,7 @@ def test_data_section_rejects_equal_seeds_and_unknown_keys():
     for section, raw in [
         (DataSection, {"cache": "x"}),
         (ModelSection, {"dropout": 0.1}),
-        (LossSection, {"features": ["z"]}),
+        (LossSection, {"features": []}),
         (ValidationSection, {"horizon": 3}),
         (ModelSection, {"width": 10, "heads": 4}),
         (ModelSection, {"precision": "float16"}),
@@ -112,10 +123,31 @@ def test_data_section_rejects_equal_seeds_and_unknown_keys():
 
 
 def test_build_model_refuses_a_validation_split_too_short_for_the_horizon(tmp_path):
-    from slhub.errors import RecipeError
+    from slhub.errors import DatasetError
 
-    with pytest.raises(RecipeError, match="data.val.length"):
+    with pytest.raises(DatasetError, match="horizons up to 100 .* need validation episodes"):
         build(tmp_path, validation={"horizons": [100]})
+
+
+def test_build_model_names_the_state_components_a_recipe_got_wrong(tmp_path):
+    from slhub.errors import DatasetError
+
+    with pytest.raises(DatasetError, match=r"'z' is not a state component .*x, theta"):
+        build(tmp_path, loss={"features": ["z"]})
+    with pytest.raises(DatasetError, match=r"model.angles: angle 'phi' is not a state"):
+        build(tmp_path, model={"angles": ["phi"]})
+
+
+def test_the_generated_cartpole_is_a_dataset_in_slhubs_store(tmp_path):
+    plugin, _, _ = build(tmp_path)
+    data = plugin._data
+    assert data.dataset.format == "slhub"
+    assert data.layouts["state"].names == cartpole.STATE_NAMES
+    assert data.layouts["action"].names == cartpole.ACTION_NAMES
+    assert (len(data.split.train), len(data.split.validation)) == (24, 6)
+    states, actions = split_arrays(plugin, "train")
+    made, forces = cartpole.generate_trajectories(24, 30, seed=0)
+    assert np.array_equal(states, made) and np.array_equal(actions, forces)
 
 
 # --------------------------------------------------------------------------- model
@@ -126,7 +158,12 @@ def test_arch_and_normalization_travel_in_the_state_dict(tmp_path):
     state = model.state_dict()
     assert state["nerd_arch"].dtype == torch.int64
     assert NerdArch.from_tensor(state["nerd_arch"]) == model.arch
-    stats = training_statistics(plugin._train)
+    states, actions = split_arrays(plugin, "train")
+    # tokens: every step of every training episode (the last step's action is 0)
+    padded = np.concatenate([actions, np.zeros_like(actions[:, :1])], axis=1)
+    tokens = np.concatenate([states, padded], -1).reshape(-1, 5)
+    delta = state_deltas(states).reshape(-1, 4)
+    stats = (tokens.mean(0), tokens.std(0), delta.mean(0), delta.std(0))
     for key, value in zip(
         ("input_mean", "input_std", "target_mean", "target_std"), stats, strict=True
     ):
@@ -211,10 +248,7 @@ def test_validation_reports_rollouts_and_the_constant_state_baseline(tmp_path):
         metrics = plugin.validate(trainer=trainer, model=model, step=5)
     assert set(metrics) == {
         "one_step_mse",
-        "rollout_mse_3",
-        "rollout_mse_12",
-        "baseline_mse_3",
-        "baseline_mse_12",
+        *(f"{kind}_mse_{k}" for kind in ("rollout", "baseline", "linear") for k in (3, 12)),
     }
     assert all(np.isfinite(v) and v > 0 for v in metrics.values())
     assert metrics["baseline_mse_12"] > metrics["baseline_mse_3"] > 0
@@ -222,13 +256,18 @@ def test_validation_reports_rollouts_and_the_constant_state_baseline(tmp_path):
     # Recomputed here from the validation split: one_step_mse is the training objective
     # on windows tiling every trajectory, the rollouts start after `history` true steps,
     # and the baseline predicts that the state stays the last true one.
-    val, history = plugin._val, model.arch.history
-    starts = np.arange(0, val.length - history + 1, history)
-    traj = np.repeat(np.arange(val.num_trajectories), len(starts))
-    tokens, delta = window_batch(val, traj, np.tile(starts, val.num_trajectories), history)
+    val_states, val_actions = split_arrays(plugin, "validation")
+    history = model.arch.history
+    starts = np.arange(0, val_actions.shape[1] - history + 1, history)
+    windows = [(n, t) for n in range(len(val_states)) for t in starts]
+    tokens = np.stack(
+        [np.concatenate([val_states[n, t : t + history], val_actions[n, t : t + history]], -1)
+         for n, t in windows]
+    )  # fmt: skip
+    delta = np.stack([state_deltas(val_states[n, t : t + history + 1]) for n, t in windows])
     tiled = {"tokens": torch.from_numpy(tokens).float(), "delta": torch.from_numpy(delta).float()}
-    states = torch.from_numpy(np.array(val.states, dtype=np.float64))
-    actions = torch.from_numpy(np.array(val.actions, dtype=np.float64))
+    states = torch.from_numpy(val_states)
+    actions = torch.from_numpy(val_actions)
     truth = states[:, history : history + 12]
     first = torch.cat([states[:, :history], actions[:, :history]], -1).float()
     with torch.no_grad():
@@ -245,6 +284,12 @@ def test_validation_reports_rollouts_and_the_constant_state_baseline(tmp_path):
         baseline = error(states[:, history - 1 : history].expand_as(truth))[:, :k].mean()
         assert metrics[f"baseline_mse_{k}"] == baseline.item()
         assert metrics[f"rollout_mse_{k}"] == error(rolled)[:, :k].mean().item()
+        last, before = states[:, history - 1 : history], states[:, history - 2 : history - 1]
+        change = last - before
+        change[..., 1] = wrap_angle(change[..., 1])
+        linear = last + torch.arange(1, 13, dtype=torch.float64)[None, :, None] * change
+        linear[..., 1] = wrap_angle(linear[..., 1])
+        assert metrics[f"linear_mse_{k}"] == error(linear)[:, :k].mean().item()
 
 
 # --------------------------------------------------------------------------- export
@@ -367,3 +412,21 @@ def test_export_hook_ignores_other_checkpoints(tmp_path):
     other = Checkpoint.from_dict(raw, tmp_path / "other.pt")
     assert NerdPlugin().export(checkpoint=other, checkpoint_path=tmp_path, out_dir=out) is None
     assert not any(out.iterdir())
+
+
+def test_models_made_before_layouts_still_load_export_and_predict(tmp_path):
+    """A state dict with a version-1 ``nerd_arch`` and the compiled-in cart-pole names
+    (what every NeRD checkpoint held before layouts) rebuilds to the same model."""
+    torch.manual_seed(0)
+    legacy = NerdModel(NerdArch(history=3, width=8, layers=1, heads=2, mlp_hidden=16, version=1))
+    state = legacy.state_dict()
+    assert state["nerd_arch"].tolist()[0] == 1 and "nerd_layout" not in state
+    rebuilt = NerdModel.from_state_dict(state)
+    assert rebuilt.layout.input_names == ("x", "theta", "x_dot", "theta_dot", "force")
+    assert rebuilt.layout.angle_names == ("theta",)
+    tokens = torch.randn(2, 3, 5)
+    assert torch.equal(rebuilt.next_state(tokens), legacy.next_state(tokens))
+    predictor = load(export_v1(legacy, tmp_path))
+    assert torch.equal(
+        predictor(tokens, input_names=predictor.input_names), legacy.eval().next_state(tokens)
+    )

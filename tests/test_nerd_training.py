@@ -98,8 +98,9 @@ def test_training_logs_rollout_and_baseline_validation(runs):
         assert [m["step"] for m in lines] == [3, 6]
         logged = {k.removeprefix("validation/"): v for k, v in lines[-1].items() if k != "step"}
         assert set(logged) == {
-            "one_step_mse", "rollout_mse_2", "rollout_mse_8", "baseline_mse_2", "baseline_mse_8"
-        }  # fmt: skip
+            "one_step_mse",
+            *(f"{kind}_mse_{k}" for kind in ("rollout", "baseline", "linear") for k in (2, 8)),
+        }
         assert all(math.isfinite(v) and v > 0 for v in logged.values()), logged
         # What rank 0 logged at update 6 is what validating last.pt's weights gives.
         plugin, trainer, model = _rebuilt(load(runs[name] / "last.pt"))

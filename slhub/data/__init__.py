@@ -27,6 +27,9 @@ Recorded robot data (the episode-dataset layer):
   :func:`write_store`); :mod:`slhub.data.statistics` — :func:`feature_statistics`;
   :mod:`slhub.data.identity` — :func:`fingerprint` and :func:`split_episodes`.
 - :mod:`slhub.data.readers` — LeRobot, robomimic, zarr, Minari and NeRD files.
+- :mod:`slhub.data.source` — what a model plugin trains on: :class:`DataSection` (the
+  one ``data:`` recipe shape), :class:`Role` (what a plugin reads under one name) and
+  :class:`TrainingData` (the dataset split by episode, its roles' statistics, windows).
 """
 
 from slhub.data.angles import wrap_angle
@@ -56,6 +59,14 @@ from slhub.data.episodes import (
     readers,
 )
 from slhub.data.identity import Split, fingerprint, split_episodes
+from slhub.data.source import (
+    DataSection,
+    Role,
+    RoleLayout,
+    SplitSection,
+    TrainingData,
+    WindowSection,
+)
 from slhub.data.splits import SplitCache, split_seed
 from slhub.data.statistics import feature_statistics
 from slhub.data.store import StoreDataset, write_store
@@ -64,7 +75,13 @@ from slhub.data.windows import PAD_SUFFIX, Window, sample_anchors
 __all__ = [
     "ACTION_NAMES",
     "ArrayEpisodes",
+    "DataSection",
     "EpisodeDataset",
+    "Role",
+    "RoleLayout",
+    "SplitSection",
+    "TrainingData",
+    "WindowSection",
     "Feature",
     "PAD_SUFFIX",
     "READER_GROUP",

@@ -1,92 +1,192 @@
-"""NeRD's view of the cart-pole data: its splits, history windows and normalization.
+"""NeRD's view of its data: the roles it reads, its windows, tokens and normalization.
 
-The plugin, its evaluation and the tests all cut trajectories into the same
-windows of ``history`` tokens, so the windowing lives here once; the data
-itself (simulator, cache) is :mod:`slhub.data`'s.
+NeRD reads any dataset :mod:`slhub.data` opens through the one ``data:`` section:
+the ``state`` role (the components it predicts), ``action`` and optional ``extra``
+inputs (contacts, gravity), each filled by dataset features the recipe names. The
+cart-pole generator is one way to *make* such a dataset: without ``data.path``
+its episodes are written once into slhub's store under ``data.cache_dir``.
+
+The plugin, its evaluation and the tests all cut episodes into the same windows
+of ``history`` tokens, so the windowing lives here once.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import torch
 
-from slhub.builtin.nerd.sections import DataSection, SplitSection
+from slhub import DatasetError
+from slhub.builtin.nerd.model import NerdLayout
+from slhub.builtin.nerd.sections import ANGLE_FEATURE, DataSection, ModelSection
 from slhub.data import (
-    CARTPOLE_FORMAT,
-    CartpoleData,
-    cached_arrays,
-    ensure_dataset,
-    state_deltas,
+    ACTION_NAMES,
+    DT,
+    STATE_NAMES,
+    ArrayEpisodes,
+    Role,
+    TrainingData,
+    generate_trajectories,
+    wrap_angle,
+    write_store,
 )
 
-#: The arrays :func:`training_statistics` returns, as cached by :func:`cached_statistics`.
+#: What NeRD reads, by role; the defaults are the cart-pole store's feature names.
+ROLES = {
+    "state": Role(default=("state",)),
+    "action": Role(default=("action",)),
+    "extra": Role(required=False),
+}
+#: The arrays :func:`normalization` returns (cached by :meth:`TrainingData.cached`).
 STATISTICS = ("token_mean", "token_std", "delta_mean", "delta_std")
+#: The smallest standard deviation used to normalize (a constant feature stays finite).
+STD_FLOOR = 1e-6
 
 
-def open_splits(cfg: DataSection) -> tuple[CartpoleData, CartpoleData]:
-    """The train and validation splits of ``cfg``, made on first use, memory-mapped."""
+def open_data(cfg: DataSection, trainer: Any = None) -> TrainingData:
+    """The dataset of ``cfg`` (made from the cart-pole generator when it names no path),
+    split by episode and recorded in the run when ``trainer`` is given."""
+    section = cfg
+    if cfg.path is None:
+        split = cfg.split.model_copy(update={"train": "train", "validation": "validation"})
+        section = cfg.model_copy(update={"path": str(cartpole_store(cfg)), "split": split})
+    return TrainingData.open(section, ROLES, trainer=trainer)
 
-    def open_split(name: str, split: SplitSection) -> CartpoleData:
-        return ensure_dataset(
-            cfg.cache_dir, name, split.num_trajectories, split.length, split.seed, cfg.max_force
-        )
 
-    return open_split("train", cfg.train), open_split("val", cfg.val)
+def cartpole_store(cfg: DataSection) -> Path:
+    """The generated cart-pole episodes of ``cfg`` in slhub's store (split names ``train``
+    and ``validation``), made once under ``cfg.cache_dir`` and reused.
 
-
-def cached_statistics(cfg: DataSection, data: CartpoleData) -> tuple[np.ndarray, ...]:
-    """:func:`training_statistics` of the train split ``data`` of ``cfg``, computed once
-    and cached beside the split (``cache_dir/train-statistics``).
-
-    Computing them reads the whole split and makes float64 copies several times its
-    size; cached, every later rank and run reads four small arrays instead, so a
-    node's ranks share the memory-mapped split and hold no copy of it, even briefly.
-    The cached values are the computed ones, bit for bit.
+    Each episode has ``length + 1`` steps of ``state`` (``x, theta, x_dot, theta_dot``)
+    and ``action`` (``force``); the last step's action is 0, since no step follows it.
     """
-    split = cfg.train
-    meta = {
-        "statistics": list(STATISTICS),
-        "data_format": CARTPOLE_FORMAT,
-        "num_trajectories": split.num_trajectories,
-        "length": split.length,
-        "seed": split.seed,
+    params = {
+        "generator": "slhub.cartpole/1",
         "max_force": cfg.max_force,
+        "train": cfg.train.model_dump(),
+        "val": cfg.val.model_dump(),
     }
-    arrays = cached_arrays(
-        Path(cfg.cache_dir) / "train-statistics",
-        meta,
-        STATISTICS,
-        lambda: dict(zip(STATISTICS, training_statistics(data), strict=True)),
+    key = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16]
+    destination = Path(cfg.cache_dir) / f"cartpole-{key}"
+    if destination.is_dir():
+        return destination
+    episodes = []
+    for split in (cfg.train, cfg.val):
+        states, actions = generate_trajectories(
+            split.num_trajectories, split.length, split.seed, cfg.max_force
+        )
+        last = np.zeros_like(actions[:, :1])
+        for state, action in zip(states, np.concatenate([actions, last], axis=1)):
+            episodes.append({"state": state, "action": action})
+    train = cfg.train.num_trajectories
+    source = ArrayEpisodes(
+        episodes,
+        fps=1.0 / DT,
+        names={"state": STATE_NAMES, "action": ACTION_NAMES},
+        splits={"train": tuple(range(train)), "validation": tuple(range(train, len(episodes)))},
     )
-    return tuple(np.array(arrays[name]) for name in STATISTICS)
+    try:
+        write_store(source, destination)
+    except DatasetError:
+        if not destination.is_dir():  # another rank or run finished it first otherwise
+            raise
+    return destination
 
 
-def window_batch(
-    data: CartpoleData, traj: np.ndarray, start: np.ndarray, history: int
+def layout_of(data: TrainingData, model_cfg: ModelSection, robot: str = "") -> NerdLayout:
+    """The model's feature layout: the roles' component names and the angles."""
+    state = data.layouts["state"].names
+    angles = model_cfg.angles
+    if angles is None:
+        angles = [ANGLE_FEATURE] if state == STATE_NAMES else []
+    extra = data.layouts["extra"].names if "extra" in data.layouts else ()
+    try:
+        return NerdLayout.from_names(
+            state,
+            data.layouts["action"].names,
+            extra,
+            angles,
+            model_cfg.angle_features,
+            robot or str(data.dataset.path.name),
+        )
+    except ValueError as exc:
+        raise DatasetError(f"model.angles: {exc}") from None
+
+
+def offsets(history: int, reach: int = 1) -> dict[str, range]:
+    """Role offsets of a window whose last ``history`` tokens end at the anchor and whose
+    states run ``reach`` steps past it (1: the next state every token is supervised on)."""
+    return {"state": range(1 - history, 1 + reach), "action": range(1 - history, reach)}
+
+
+def window_offsets(layout: NerdLayout, history: int, reach: int = 1) -> dict[str, range]:
+    """:func:`offsets` with the ``extra`` role when the layout has extra inputs."""
+    out = offsets(history, reach)
+    if layout.extra_names:
+        out["extra"] = out["action"]
+    return out
+
+
+def tokens_of(
+    window: dict[str, np.ndarray], layout: NerdLayout, history: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Tokens ``[B, history, S + A]`` and raw state changes ``[B, history, S]`` (float64).
+    """Tokens ``[B, history, features]`` and raw state changes ``[B, history, S]``
+    (float64) of windows read at :func:`offsets`; angle changes are wrapped."""
+    states = window["state"]
+    parts = [states[:, :history], window["action"][:, :history]]
+    if layout.extra_names:
+        parts.append(window["extra"][:, :history])
+    delta = np.diff(states[:, : history + 1], axis=1)
+    if layout.angles:
+        columns = list(layout.angles)
+        delta[..., columns] = wrap_angle(delta[..., columns])
+    return np.concatenate(parts, axis=-1), delta
 
-    ``delta[:, t]`` is ``state[t + 1] - state[t]`` with the angle difference wrapped.
-    """
-    offsets = np.arange(history + 1)
-    rows = traj[:, None]
-    states = np.asarray(data.states[rows, start[:, None] + offsets], dtype=np.float64)
-    actions = np.asarray(data.actions[rows, start[:, None] + offsets[:-1]], dtype=np.float64)
-    tokens = np.concatenate([states[:, :-1], actions], axis=-1)
-    return tokens, state_deltas(states)
 
+def normalization(data: TrainingData, layout: NerdLayout) -> tuple[torch.Tensor, ...]:
+    """Token mean/std (from the dataset's statistics) and state-change mean/std (one
+    streaming pass over the training episodes, cached by the dataset's fingerprint),
+    float64, with the std floored at :data:`STD_FLOOR`."""
+    roles = ["state", "action"] + (["extra"] if layout.extra_names else [])
+    mean = np.concatenate([data.statistics[r]["mean"] for r in roles])
+    std = np.concatenate([data.statistics[r]["std"] for r in roles])
 
-def training_statistics(data: CartpoleData) -> tuple[np.ndarray, ...]:
-    """Per-feature mean and std of input tokens and of state changes over a whole split."""
-    states = np.asarray(data.states, dtype=np.float64)
-    tokens = np.concatenate([states[:, :-1], np.asarray(data.actions, dtype=np.float64)], -1)
-    tokens = tokens.reshape(-1, tokens.shape[-1])
-    delta = state_deltas(states).reshape(-1, states.shape[-1])
-    floor = 1e-6
-    return (
-        tokens.mean(0),
-        np.maximum(tokens.std(0), floor),
-        delta.mean(0),
-        np.maximum(delta.std(0), floor),
+    def deltas() -> dict[str, np.ndarray]:
+        count, total, squares = 0, 0.0, 0.0
+        state = data.layouts["state"]
+        for episode in data.split.train:
+            length = int(data.dataset.lengths[episode])
+            if length < 2:
+                continue
+            parts = [
+                np.asarray(data.dataset.read(name, episode, 0, length), dtype=np.float64)
+                for name in state.features
+            ]
+            states = np.concatenate([p.reshape(length, -1) for p in parts], axis=-1)
+            delta = np.diff(states, axis=0)
+            if layout.angles:
+                delta[:, list(layout.angles)] = wrap_angle(delta[:, list(layout.angles)])
+            count, total = count + len(delta), total + delta.sum(0)
+            squares = squares + np.square(delta).sum(0)
+        if count == 0:
+            raise DatasetError(f"{data.dataset.path}: no training episode has two steps")
+        delta_mean = total / count
+        variance = np.maximum(squares / count - np.square(delta_mean), 0.0)
+        return {"delta_mean": delta_mean, "delta_std": np.sqrt(variance)}
+
+    cached = data.cached(
+        "nerd.deltas", {"angles": list(layout.angles)}, ["delta_mean", "delta_std"], deltas
+    )
+    return tuple(
+        torch.from_numpy(np.asarray(a, dtype=np.float64))
+        for a in (
+            mean,
+            np.maximum(std, STD_FLOOR),
+            cached["delta_mean"],
+            np.maximum(cached["delta_std"], STD_FLOOR),
+        )
     )

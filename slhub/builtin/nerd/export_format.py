@@ -45,7 +45,7 @@ def write_export(model: NerdModel, out_dir: Path, provenance: dict[str, Any]) ->
         ``checkpoint_format`` and ``checkpoint_path`` of the source checkpoint.
     :returns: ``out_dir``.
     """
-    arch = model.arch
+    arch, layout = model.arch, model.layout
     dtype = dtype_name(next(model.parameters()).dtype)
     tensors = {k: v.detach().cpu().clone().contiguous() for k, v in model.state_dict().items()}
     manifest = {
@@ -53,11 +53,13 @@ def write_export(model: NerdModel, out_dir: Path, provenance: dict[str, Any]) ->
         "kind": KIND,
         "dtype": dtype,
         "architecture": arch.to_dict(),
-        "input_names": list(arch.input_names),
-        "state_names": list(arch.state_names),
-        "action_names": list(arch.action_names),
-        "output_names": list(arch.output_names),
-        "output": "next state; the angle feature is wrapped to [-pi, pi)",
+        "layout": layout.to_dict(),
+        "input_names": list(layout.input_names),
+        "state_names": list(layout.state_names),
+        "action_names": list(layout.action_names),
+        "extra_names": list(layout.extra_names),
+        "output_names": list(layout.output_names),
+        "output": "next state; the angle components are wrapped to [-pi, pi)",
         "normalization": {
             "enabled": bool(arch.normalize),
             **{key: [float(v) for v in tensors[key].double().tolist()] for key in STAT_KEYS},
@@ -98,11 +100,13 @@ class NerdPredictor(nn.Module):
         super().__init__()
         self.model = model.eval().requires_grad_(False)
         self.manifest = manifest
-        arch = model.arch
-        self.input_names: tuple[str, ...] = arch.input_names
-        self.state_names: tuple[str, ...] = arch.state_names
-        self.action_names: tuple[str, ...] = arch.action_names
-        self.output_names: tuple[str, ...] = arch.output_names
+        arch, layout = model.arch, model.layout
+        self.layout = layout
+        self.input_names: tuple[str, ...] = layout.input_names
+        self.state_names: tuple[str, ...] = layout.state_names
+        self.action_names: tuple[str, ...] = layout.action_names
+        self.extra_names: tuple[str, ...] = layout.extra_names
+        self.output_names: tuple[str, ...] = layout.output_names
         self.history: int = arch.history
         self.causal: bool = bool(arch.causal)
 
@@ -123,7 +127,7 @@ class NerdPredictor(nn.Module):
                 problem = "do not match"
             raise ValueError(
                 f"input features {list(names)} {problem}: this NeRD export expects "
-                f"{list(self.input_names)} (state, then action) on the last axis"
+                f"{list(self.input_names)} (state, action, extra inputs) on the last axis"
             )
         if not isinstance(tokens, torch.Tensor):
             raise ValueError(f"inputs must be a torch.Tensor, got {type(tokens).__name__}")
@@ -178,11 +182,12 @@ class NerdPredictor(nn.Module):
             not isinstance(future_actions, torch.Tensor)
             or future_actions.dim() != 3
             or future_actions.shape[0] != tokens.shape[0]
-            or future_actions.shape[-1] != len(self.action_names)
+            or future_actions.shape[-1] != len(self.action_names) + len(self.extra_names)
         ):
+            inputs = self.action_names + self.extra_names
             raise ValueError(
                 f"future_actions must have shape [{tokens.shape[0]}, K - 1, "
-                f"{len(self.action_names)}] ({list(self.action_names)})"
+                f"{len(inputs)}] ({list(inputs)})"
             )
         if future_actions.dtype != self.dtype:
             raise ValueError(
@@ -224,8 +229,8 @@ def load_export(directory: Path, manifest: dict[str, Any]) -> NerdPredictor:
     expected = {
         "dtype": dtype_name(next(model.parameters()).dtype),
         "architecture": arch.to_dict(),
-        "input_names": list(arch.input_names),
-        "output_names": list(arch.output_names),
+        "input_names": list(model.layout.input_names),
+        "output_names": list(model.layout.output_names),
     }
     for key, value in expected.items():
         if manifest.get(key) != value:
@@ -271,7 +276,7 @@ def _check_shapes(state: dict[str, torch.Tensor]) -> None:
     model built from it is no larger than the weights read (a damaged buffer could
     otherwise ask for terabytes). The rest is checked when the weights are loaded."""
     arch = NerdArch.from_tensor(state[ARCH_KEY])
-    features = arch.state_dim + arch.action_dim
+    features = arch.state_dim + arch.action_dim + arch.extra_dim
     wanted = {
         "position": [arch.history, arch.width],
         "input_mean": [features],

@@ -12,21 +12,31 @@ from typing import Any
 import numpy as np
 import torch
 
-from slhub.builtin.nerd.data import window_batch
-from slhub.builtin.nerd.model import NerdArch, NerdModel
-from slhub.builtin.nerd.sections import ANGLE_FEATURE, LossSection, ValidationSection
-from slhub.data import STATE_NAMES, CartpoleData, wrap_angle
+from slhub import DatasetError
+from slhub.builtin.nerd.data import tokens_of, window_offsets
+from slhub.builtin.nerd.model import NerdArch, NerdLayout, NerdModel
+from slhub.builtin.nerd.sections import LossSection, ValidationSection
+from slhub.data import TrainingData, wrap_angle
 
 
-def loss_mask(arch: NerdArch, cfg: LossSection) -> torch.Tensor:
-    """``[history, state_dim]`` float mask of supervised (position, feature) pairs.
+def loss_mask(arch: NerdArch, layout: NerdLayout, cfg: LossSection) -> torch.Tensor:
+    """``[history, state_dim]`` float mask of supervised (position, component) pairs.
 
     A non-causal model sees the future inside its window, so only its last
     position is supervised.
+
+    :raises DatasetError: ``loss.features`` names a component the state lacks.
     """
     mask = torch.zeros(arch.history, arch.state_dim)
-    columns = [STATE_NAMES.index(name) for name in cfg.features]
-    mask[:, columns] = 1.0
+    names = layout.state_names
+    chosen = names if cfg.features is None else cfg.features
+    missing = [name for name in chosen if name not in names]
+    if missing:
+        raise DatasetError(
+            f"loss.features: {missing[0]!r} is not a state component (the state has: "
+            f"{', '.join(names)})"
+        )
+    mask[:, [names.index(name) for name in chosen]] = 1.0
     mask[: cfg.skip_first] = 0.0
     if not arch.causal:
         mask[:-1] = 0.0
@@ -61,40 +71,59 @@ def masked_mse(
     return loss, weight
 
 
-def angle_aware_error(prediction: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
-    """Squared state error in float64 with the angle difference wrapped."""
-    diff = prediction.double() - truth.double()
-    index = STATE_NAMES.index(ANGLE_FEATURE)
-    diff[..., index] = wrap_angle(diff[..., index])
-    return diff.square()
+def angle_aware_error(
+    prediction: torch.Tensor, truth: torch.Tensor, layout: NerdLayout
+) -> torch.Tensor:
+    """Squared state error in float64 with the angle differences wrapped."""
+    return _wrapped(prediction.double() - truth.double(), layout).square()
+
+
+def rollout_episodes(data: TrainingData, history: int, cfg: ValidationSection) -> list[int]:
+    """The validation episodes long enough for ``history`` true steps and the longest
+    horizon (at most ``cfg.num_trajectories`` of them, in order).
+
+    :raises DatasetError: none is long enough (at admission, naming the lengths).
+    """
+    needed = history + max(cfg.horizons)
+    episodes = [e for e in data.split.validation if int(data.dataset.lengths[e]) >= needed]
+    if not episodes:
+        longest = max((int(data.dataset.lengths[e]) for e in data.split.validation), default=0)
+        raise DatasetError(
+            f"{data.dataset.path}: validation.horizons up to {max(cfg.horizons)} after "
+            f"model.history {history} need validation episodes of {needed} steps; the "
+            f"longest has {longest}"
+            if data.split.validation
+            else f"{data.dataset.path}: the validation split holds no episodes"
+        )
+    return episodes[: cfg.num_trajectories] if cfg.num_trajectories else episodes
 
 
 def evaluate(
     model: NerdModel,
-    data: CartpoleData,
+    data: TrainingData,
     cfg: ValidationSection,
     mask: torch.Tensor | None,
     dtype: torch.dtype,
     device: torch.device,
 ) -> dict[str, float]:
-    """One-step normalized MSE, rollout state MSE and the constant-state baseline.
+    """One-step normalized MSE, rollout state MSE and two baselines.
 
     - ``one_step_mse``: the training loss (same mask) on windows tiling every
-      validation trajectory.
+      rollout episode.
     - ``rollout_mse_K``: mean squared state error over the first K states of an
       autoregressive rollout that starts after ``history`` true steps.
-    - ``baseline_mse_K``: the same error for "the state stays as the last true one".
+    - ``baseline_mse_K``: the same error for "the state stays as the last true one";
+      ``linear_mse_K``: for "the state keeps changing as in the last true step".
     """
-    arch = model.arch
+    arch, layout = model.arch, model.layout
     history = arch.history
-    count = min(cfg.num_trajectories or data.num_trajectories, data.num_trajectories)
-    states = torch.from_numpy(np.array(data.states[:count], dtype=np.float64))
-    actions = torch.from_numpy(np.array(data.actions[:count], dtype=np.float64))
+    episodes = np.asarray(rollout_episodes(data, history, cfg), dtype=np.int64)
     metrics: dict[str, float] = {}
 
-    starts = np.arange(0, data.length - history + 1, history)
-    traj = np.repeat(np.arange(count), len(starts))
-    tokens, delta = window_batch(data, traj, np.tile(starts, count), history)
+    window = window_offsets(layout, history)
+    anchors = data.anchors(window, "validation")
+    tiles = anchors[np.isin(anchors[:, 0], episodes) & ((anchors[:, 1] + 1) % history == 0)]
+    tokens, delta = tokens_of(data.read(window, tiles), layout, history)
     tokens_t = torch.from_numpy(tokens).to(device=device, dtype=dtype)
     delta_t = torch.from_numpy(delta).to(device=device, dtype=dtype)
     if mask is None:
@@ -104,15 +133,37 @@ def evaluate(
     metrics["one_step_mse"] = float(loss)
 
     horizon = max(cfg.horizons)
-    history_tokens = torch.cat([states[:, :history], actions[:, :history]], dim=-1)
-    future = actions[:, history : history + horizon - 1]
+    starts = np.stack([episodes, np.zeros_like(episodes)], axis=1)
+    whole = data.read(
+        window_offsets(layout, history + horizon, 0), starts + [0, history + horizon - 1]
+    )
+    states = torch.from_numpy(whole["state"])
+    inputs = [whole["action"]] + ([whole["extra"]] if layout.extra_names else [])
+    controls = torch.from_numpy(np.concatenate(inputs, axis=-1))
+    history_tokens = torch.cat([states[:, :history], controls[:, :history]], dim=-1)
+    future = controls[:, history : history + horizon - 1]
     predicted = model.rollout(
         history_tokens.to(device=device, dtype=dtype), future.to(device=device, dtype=dtype)
     ).cpu()
     truth = states[:, history : history + horizon]
-    rollout_error = angle_aware_error(predicted, truth)
-    baseline_error = angle_aware_error(states[:, history - 1 : history].expand_as(truth), truth)
+    last = states[:, history - 1 : history]
+    rollout_error = angle_aware_error(predicted, truth, layout)
+    baseline_error = angle_aware_error(last.expand_as(truth), truth, layout)
+    step = (
+        _wrapped(last - states[:, history - 2 : history - 1], layout) if history > 1 else 0 * last
+    )
+    ahead = torch.arange(1, horizon + 1, dtype=torch.float64)[None, :, None]
+    linear_error = angle_aware_error(_wrapped(last + ahead * step, layout), truth, layout)
     for k in sorted(set(cfg.horizons)):
         metrics[f"rollout_mse_{k}"] = float(rollout_error[:, :k].mean())
         metrics[f"baseline_mse_{k}"] = float(baseline_error[:, :k].mean())
+        metrics[f"linear_mse_{k}"] = float(linear_error[:, :k].mean())
     return metrics
+
+
+def _wrapped(values: torch.Tensor, layout: NerdLayout) -> torch.Tensor:
+    out = values.clone()
+    if layout.angles:
+        columns = list(layout.angles)
+        out[..., columns] = wrap_angle(out[..., columns])
+    return out

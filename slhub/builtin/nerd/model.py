@@ -5,15 +5,21 @@ This module is inference-safe: it imports torch, :mod:`slhub.data` (numpy) and
 :mod:`slhub.export` can rebuild an exported model from it.
 
 Everything needed to rebuild the network travels inside its state dict: the
-architecture as the int64 buffer ``nerd_arch`` and the normalization statistics
-as the float buffers ``input_mean``, ``input_std``, ``target_mean`` and
-``target_std``. A checkpoint of either layout (v1 without a recipe, v2 with one)
-can therefore be exported from its ``model`` entry alone.
+architecture as the int64 buffer ``nerd_arch``, the robot's feature layout (names
+of the state, action and extra input components, and which state components are
+angles) as the uint8 buffer ``nerd_layout`` holding UTF-8 JSON, and the
+normalization statistics as the float buffers ``input_mean``, ``input_std``,
+``target_mean`` and ``target_std``. A checkpoint of either layout (v1 without a
+recipe, v2 with one) can therefore be exported from its ``model`` entry alone.
+Models made before layouts existed (``feature_set`` 1, the compiled-in cart-pole)
+carry no ``nerd_layout`` and still load.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -22,13 +28,17 @@ from torch import nn
 from slhub import one_line
 from slhub.data import ACTION_NAMES, STATE_NAMES, wrap_angle
 
-#: Version of the ``nerd_arch`` buffer layout; bump when a field is added.
-ARCH_VERSION = 1
+#: Version of the ``nerd_arch`` buffer layout; bump when a field is added (2 added
+#: ``extra_dim``; version 1 buffers are read and written back unchanged).
+ARCH_VERSION = 2
 #: Buffer keys that identify a NeRD state dict.
 ARCH_KEY = "nerd_arch"
+LAYOUT_KEY = "nerd_layout"
 STAT_KEYS = ("input_mean", "input_std", "target_mean", "target_std")
+#: ``feature_set`` of a model whose names travel in its ``nerd_layout`` buffer.
+LAYOUT_FEATURE_SET = 0
 
-#: Feature sets a NeRD model can be trained on, by the code stored in ``nerd_arch``.
+#: Compiled-in feature sets of models made before layouts, by their ``nerd_arch`` code.
 FEATURE_SETS: dict[int, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     1: ("cartpole", STATE_NAMES, ACTION_NAMES),
 }
@@ -52,9 +62,12 @@ def dtype_name(dtype: torch.dtype) -> str:
 class NerdArch:
     """Architecture hyper-parameters, stored in the model as the int64 buffer ``nerd_arch``.
 
-    :param feature_set: code of the feature names in :data:`FEATURE_SETS` (1 = cartpole).
+    :param feature_set: 0: the names travel in the ``nerd_layout`` buffer; else the
+        code of a compiled-in set in :data:`FEATURE_SETS` (1 = cartpole).
     :param state_dim: number of state features.
     :param action_dim: number of action features.
+    :param extra_dim: number of extra input features (contacts, gravity): fed in every
+        token after the action, never predicted.
     :param history: the longest history window (positions with a learned embedding).
     :param width: token embedding width.
     :param layers: number of transformer blocks.
@@ -62,13 +75,15 @@ class NerdArch:
     :param mlp_hidden: hidden width of each block's MLP.
     :param causal: 1 when position t attends to positions <= t only, 0 for full attention.
     :param normalize: 1 when inputs and targets were normalized with training-set statistics.
-    :param angle_index: index of a state feature that is an angle (it is also fed as
-        sin/cos and wrapped after each step), or -1 for none.
+    :param angle_index: (compiled-in sets only) index of a state feature that is an
+        angle (it is also fed as sin/cos and wrapped after each step), or -1 for none;
+        a layout model names its angles in its layout and has -1 here.
     """
 
     feature_set: int = 1
     state_dim: int = 4
     action_dim: int = 1
+    extra_dim: int = 0
     history: int = 10
     width: int = 64
     layers: int = 2
@@ -82,6 +97,7 @@ class NerdArch:
         "feature_set",
         "state_dim",
         "action_dim",
+        "extra_dim",
         "history",
         "width",
         "layers",
@@ -91,16 +107,29 @@ class NerdArch:
         "normalize",
         "angle_index",
     )
+    #: ``nerd_arch`` version 1 had no ``extra_dim``.
+    FIELDS_V1 = tuple(f for f in FIELDS if f != "extra_dim")
+
+    version: int = field(default=ARCH_VERSION, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.feature_set not in FEATURE_SETS:
+        if self.feature_set == LAYOUT_FEATURE_SET:
+            if self.angle_index != -1:
+                raise ValueError("a NeRD layout model names its angles in its layout")
+        elif self.feature_set not in FEATURE_SETS:
             raise ValueError(f"unknown NeRD feature set code {self.feature_set}")
-        _, states, actions = FEATURE_SETS[self.feature_set]
-        if (self.state_dim, self.action_dim) != (len(states), len(actions)):
-            raise ValueError(
-                f"feature set {self.feature_set} has {len(states)} state and {len(actions)} "
-                f"action features, not {self.state_dim} and {self.action_dim}"
-            )
+        else:
+            _, states, actions = FEATURE_SETS[self.feature_set]
+            if (self.state_dim, self.action_dim, self.extra_dim) != (len(states), len(actions), 0):
+                raise ValueError(
+                    f"feature set {self.feature_set} has {len(states)} state and "
+                    f"{len(actions)} action features, not {self.state_dim} and "
+                    f"{self.action_dim}"
+                )
+        if self.state_dim < 1 or self.action_dim < 0 or self.extra_dim < 0:
+            raise ValueError("NeRD needs at least one state feature")
+        if self.version not in (1, ARCH_VERSION) or (self.version == 1 and self.extra_dim):
+            raise ValueError(f"nerd_arch version {self.version} cannot hold this architecture")
         for name in ("history", "width", "layers", "heads", "mlp_hidden"):
             if getattr(self, name) < 1:
                 raise ValueError(f"NeRD {name} must be >= 1, got {getattr(self, name)}")
@@ -111,8 +140,11 @@ class NerdArch:
         if not -1 <= self.angle_index < self.state_dim:
             raise ValueError(f"NeRD angle_index {self.angle_index} is out of range")
 
+    def _fields(self) -> tuple[str, ...]:
+        return self.FIELDS if self.version == ARCH_VERSION else self.FIELDS_V1
+
     def to_tensor(self) -> torch.Tensor:
-        values = [ARCH_VERSION] + [int(getattr(self, name)) for name in self.FIELDS]
+        values = [self.version] + [int(getattr(self, name)) for name in self._fields()]
         return torch.tensor(values, dtype=torch.int64)
 
     @classmethod
@@ -121,37 +153,135 @@ class NerdArch:
         if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.int64 or tensor.dim() != 1:
             raise ValueError("nerd_arch must be a 1-D int64 tensor")
         values = [int(v) for v in tensor.tolist()]
-        if not values or values[0] != ARCH_VERSION or len(values) != 1 + len(cls.FIELDS):
-            raise ValueError(f"nerd_arch has an unknown layout {values[:1]} (expected version 1)")
-        return cls(**dict(zip(cls.FIELDS, values[1:], strict=True)))
+        fields = {1: cls.FIELDS_V1, ARCH_VERSION: cls.FIELDS}.get(values[0] if values else -1)
+        if fields is None or len(values) != 1 + len(fields):
+            raise ValueError(
+                f"nerd_arch has an unknown layout {values[:1]} (expected version 1 or "
+                f"{ARCH_VERSION})"
+            )
+        return cls(**dict(zip(fields, values[1:], strict=True)), version=values[0])
 
     def to_dict(self) -> dict[str, int | bool]:
         out: dict[str, int | bool] = asdict(self)
+        out.pop("version")
         out["causal"] = bool(self.causal)
         out["normalize"] = bool(self.normalize)
         return out
 
-    @property
-    def kind(self) -> str:
-        return FEATURE_SETS[self.feature_set][0]
 
-    @property
-    def state_names(self) -> tuple[str, ...]:
-        return FEATURE_SETS[self.feature_set][1]
+@dataclass(frozen=True)
+class NerdLayout:
+    """The robot a NeRD model simulates: the names of its state, action and extra input
+    components (token order: state, action, extra), and which state components are
+    angles (wrapped to [-pi, pi) after every step and in every error; also fed as
+    sin/cos when ``angle_features``). It travels in the model as ``nerd_layout``.
 
-    @property
-    def action_names(self) -> tuple[str, ...]:
-        return FEATURE_SETS[self.feature_set][2]
+    :param robot: free text naming the robot or dataset (``gymnasium:Hopper-v5``).
+    """
+
+    state_names: tuple[str, ...]
+    action_names: tuple[str, ...]
+    extra_names: tuple[str, ...] = ()
+    angles: tuple[int, ...] = ()
+    angle_features: bool = True
+    robot: str = ""
+
+    def __post_init__(self) -> None:
+        for key in ("state_names", "action_names", "extra_names", "angles"):
+            object.__setattr__(self, key, tuple(getattr(self, key)))
+        names = self.input_names
+        if len(set(names)) != len(names):
+            raise ValueError(f"NeRD feature names repeat: {list(names)}")
+        if any(not 0 <= a < len(self.state_names) for a in self.angles):
+            raise ValueError(f"NeRD angle indices {list(self.angles)} are out of range")
+
+    @classmethod
+    def compiled(cls, arch: NerdArch) -> NerdLayout:
+        """The layout of a model made before layouts (a compiled-in feature set)."""
+        kind, states, actions = FEATURE_SETS[arch.feature_set]
+        angles = (arch.angle_index,) if arch.angle_index >= 0 else ()
+        return cls(states, actions, (), angles, bool(angles), kind)
+
+    @classmethod
+    def from_names(
+        cls,
+        state_names: Sequence[str],
+        action_names: Sequence[str],
+        extra_names: Sequence[str] = (),
+        angles: Sequence[str] = (),
+        angle_features: bool = True,
+        robot: str = "",
+    ) -> NerdLayout:
+        """A layout whose ``angles`` are given by name (each a state component)."""
+        missing = [a for a in angles if a not in state_names]
+        if missing:
+            raise ValueError(
+                f"angle {missing[0]!r} is not a state component (the state has: "
+                f"{', '.join(state_names)})"
+            )
+        indices = tuple(sorted(list(state_names).index(a) for a in angles))
+        return cls(
+            tuple(state_names), tuple(action_names), tuple(extra_names), indices,
+            angle_features, robot,
+        )  # fmt: skip
 
     @property
     def input_names(self) -> tuple[str, ...]:
-        """Ordered features of one token: the state, then the action."""
-        return self.state_names + self.action_names
+        """Ordered features of one token: the state, the action, then extra inputs."""
+        return self.state_names + self.action_names + self.extra_names
 
     @property
     def output_names(self) -> tuple[str, ...]:
         """Ordered features of a prediction: the next state."""
         return tuple(f"next_{name}" for name in self.state_names)
+
+    @property
+    def angle_names(self) -> tuple[str, ...]:
+        return tuple(self.state_names[i] for i in self.angles)
+
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = asdict(self)
+        out["angles"] = list(self.angle_names)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> NerdLayout:
+        try:
+            return cls.from_names(
+                [str(n) for n in data["state_names"]],  # type: ignore[union-attr]
+                [str(n) for n in data["action_names"]],  # type: ignore[union-attr]
+                [str(n) for n in data.get("extra_names", [])],  # type: ignore[union-attr]
+                [str(n) for n in data.get("angles", [])],  # type: ignore[union-attr]
+                bool(data.get("angle_features", True)),
+                str(data.get("robot", "")),
+            )
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"nerd_layout is damaged ({one_line(exc)})") from None
+
+    def to_tensor(self) -> torch.Tensor:
+        encoded = json.dumps(self.to_dict(), sort_keys=True).encode("utf-8")
+        return torch.tensor(list(encoded), dtype=torch.uint8)
+
+    @classmethod
+    def from_tensor(cls, tensor: torch.Tensor) -> NerdLayout:
+        """Read ``nerd_layout`` back; raises ValueError for a damaged buffer."""
+        if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.uint8 or tensor.dim() != 1:
+            raise ValueError("nerd_layout must be a 1-D uint8 tensor")
+        try:
+            data = json.loads(bytes(tensor.tolist()).decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise ValueError(f"nerd_layout is damaged ({one_line(exc)})") from None
+        if not isinstance(data, dict):
+            raise ValueError("nerd_layout is damaged (not a JSON object)")
+        return cls.from_dict(data)
+
+    def check(self, arch: NerdArch) -> None:
+        dims = (len(self.state_names), len(self.action_names), len(self.extra_names))
+        if dims != (arch.state_dim, arch.action_dim, arch.extra_dim):
+            raise ValueError(
+                f"nerd_layout names {dims} state/action/extra features, nerd_arch "
+                f"{(arch.state_dim, arch.action_dim, arch.extra_dim)}"
+            )
 
 
 class _Block(nn.Module):
@@ -182,22 +312,34 @@ class _Block(nn.Module):
 class NerdModel(nn.Module):
     """Causal transformer predicting the normalized state change of every history position.
 
-    A token is ``[state, action]`` (``arch.input_names`` order). Position ``t``
-    predicts the change from state ``t`` to state ``t + 1`` under action ``t``;
+    A token is ``[state, action, extra]`` (``layout.input_names`` order). Position
+    ``t`` predicts the change from state ``t`` to state ``t + 1`` under action ``t``;
     with ``causal`` it sees positions ``<= t`` only.
     """
 
-    def __init__(self, arch: NerdArch) -> None:
+    def __init__(self, arch: NerdArch, layout: NerdLayout | None = None) -> None:
         super().__init__()
+        if layout is None:
+            if arch.feature_set == LAYOUT_FEATURE_SET:
+                raise ValueError("a NeRD layout model needs its NerdLayout")
+            layout = NerdLayout.compiled(arch)
+        layout.check(arch)
         self.arch = arch
-        features = arch.state_dim + arch.action_dim
+        self.layout = layout
+        features = arch.state_dim + arch.action_dim + arch.extra_dim
         self.register_buffer(ARCH_KEY, arch.to_tensor())
+        if arch.feature_set == LAYOUT_FEATURE_SET:
+            self.register_buffer(LAYOUT_KEY, layout.to_tensor())
         self.register_buffer("input_mean", torch.zeros(features))
         self.register_buffer("input_std", torch.ones(features))
         self.register_buffer("target_mean", torch.zeros(arch.state_dim))
         self.register_buffer("target_std", torch.ones(arch.state_dim))
-        extra = 2 if arch.angle_index >= 0 else 0
-        self.embed = nn.Linear(features + extra, arch.width)
+        angles = torch.tensor(layout.angles, dtype=torch.int64)
+        self.register_buffer("angle_columns", angles, persistent=False)
+        mask = torch.zeros(arch.state_dim, dtype=torch.bool).index_fill_(0, angles, True)
+        self.register_buffer("angle_mask", mask, persistent=False)
+        sincos = 2 * len(layout.angles) if layout.angle_features else 0
+        self.embed = nn.Linear(features + sincos, arch.width)
         self.position = nn.Parameter(torch.randn(arch.history, arch.width) * 0.02)
         self.blocks = nn.ModuleList(
             _Block(arch.width, arch.heads, arch.mlp_hidden, bool(arch.causal))
@@ -215,6 +357,11 @@ class NerdModel(nn.Module):
         Raises ValueError when the state dict is not a complete NeRD state dict.
         """
         arch = NerdArch.from_tensor(state[ARCH_KEY])
+        layout = None
+        if arch.feature_set == LAYOUT_FEATURE_SET:
+            if LAYOUT_KEY not in state:
+                raise ValueError(f"NeRD weights of feature set 0 need a {LAYOUT_KEY} buffer")
+            layout = NerdLayout.from_tensor(state[LAYOUT_KEY])
         floating = {t.dtype for t in state.values() if t.is_floating_point()}
         if len(floating) != 1:
             raise ValueError(
@@ -222,7 +369,7 @@ class NerdModel(nn.Module):
             )
         dtype = floating.pop()
         dtype_name(dtype)
-        model = cls(arch).to(dtype)
+        model = cls(arch, layout).to(dtype)
         try:
             model.load_state_dict(state, strict=True)
         except RuntimeError as exc:
@@ -261,9 +408,8 @@ class NerdModel(nn.Module):
         """
         length = tokens.shape[1]
         x = (tokens - self.input_mean) / self.input_std
-        index = self.arch.angle_index
-        if index >= 0:
-            angle = tokens[..., index : index + 1]
+        if self.layout.angle_features and self.layout.angles:
+            angle = tokens.index_select(-1, self.angle_columns)
             x = torch.cat([x, torch.sin(angle), torch.cos(angle)], dim=-1)
         h = self.embed(x) + self.position[:length]
         for block in self.blocks:
@@ -276,23 +422,23 @@ class NerdModel(nn.Module):
         return normalized * self.target_std + self.target_mean
 
     def next_state(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The state after the last token: ``[batch, state_dim]`` (angle wrapped)."""
+        """The state after the last token: ``[batch, state_dim]`` (angles wrapped)."""
         state = tokens[:, -1, : self.arch.state_dim] + self.predict_delta(tokens)
-        index = self.arch.angle_index
-        if index >= 0:
-            state = torch.cat(
-                [state[:, :index], wrap_angle(state[:, index : index + 1]), state[:, index + 1 :]],
-                dim=-1,
-            )
-        return state
+        return self.wrap(state)
+
+    def wrap(self, state: torch.Tensor) -> torch.Tensor:
+        """``state`` (or a state difference) with its angle components wrapped."""
+        if not self.layout.angles:
+            return state
+        return torch.where(self.angle_mask, wrap_angle(state), state)
 
     def rollout(self, tokens: torch.Tensor, future_actions: torch.Tensor) -> torch.Tensor:
         """Predict autoregressively, feeding predictions back as states.
 
-        :param tokens: history ``[batch, length, state_dim + action_dim]``; the last
-            token's action is applied to its state to give the first prediction.
-        :param future_actions: ``[batch, K - 1, action_dim]`` applied to predictions
-            1 .. K - 1.
+        :param tokens: history ``[batch, length, features]``; the last token's action
+            is applied to its state to give the first prediction.
+        :param future_actions: ``[batch, K - 1, action_dim + extra_dim]`` (the action
+            and extra inputs of each later token) applied to predictions 1 .. K - 1.
         :returns: the next ``K`` states ``[batch, K, state_dim]``; the window slides,
             keeping the last ``history`` tokens.
         """

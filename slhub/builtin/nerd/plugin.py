@@ -1,4 +1,4 @@
-"""The built-in ``nerd`` plugin: NeRD (Neural Robot Dynamics) on cart-pole data.
+"""The built-in ``nerd`` plugin: NeRD (Neural Robot Dynamics) for any robot's episodes.
 
 This module is the hook class only; each concern it wires together has its
 own module: recipe sections (:mod:`~slhub.builtin.nerd.sections`), splits and
@@ -21,10 +21,16 @@ from pydantic import BaseModel
 from torch import nn
 
 from slhub import LossResult, RecipeError, hookimpl
-from slhub.builtin.nerd.data import cached_statistics, open_splits, window_batch
+from slhub.builtin.nerd.data import layout_of, normalization, open_data, tokens_of, window_offsets
 from slhub.builtin.nerd.export import export_checkpoint
-from slhub.builtin.nerd.loss import batch_mask, evaluate, loss_mask, masked_mse
-from slhub.builtin.nerd.model import DTYPES, NerdModel
+from slhub.builtin.nerd.loss import (
+    batch_mask,
+    evaluate,
+    loss_mask,
+    masked_mse,
+    rollout_episodes,
+)
+from slhub.builtin.nerd.model import DTYPES, NerdLayout, NerdModel
 from slhub.builtin.nerd.sections import (
     SECTIONS,
     DataSection,
@@ -32,18 +38,18 @@ from slhub.builtin.nerd.sections import (
     ModelSection,
     ValidationSection,
 )
-from slhub.data import CartpoleData
+from slhub.data import TrainingData
 
 if TYPE_CHECKING:
     from slhub.export import Checkpoint
 
 
 class NerdPlugin:
-    """NeRD model, cart-pole data, masked MSE, rollout validation and export."""
+    """NeRD model, a dataset's episodes, masked MSE, rollout validation and export."""
 
     def __init__(self) -> None:
-        self._train: CartpoleData | None = None
-        self._val: CartpoleData | None = None
+        self._data: TrainingData | None = None
+        self._layout: NerdLayout | None = None
         self._mask: torch.Tensor | None = None
 
     @hookimpl
@@ -58,40 +64,35 @@ class NerdPlugin:
         data_cfg: DataSection = trainer.section("data")
         val_cfg: ValidationSection = trainer.section("validation")
         loss_cfg: LossSection = trainer.section("loss")
-        arch = model_cfg.arch()
-        if data_cfg.train.length < arch.history:
+        if data_cfg.window.pad:
             raise RecipeError(
-                f"data.train.length ({data_cfg.train.length}) must be >= model.history "
-                f"({arch.history})"
+                "data.window.pad: NeRD trains on whole windows only (an anchor whose window "
+                "leaves its episode is excluded); set it to false"
             )
-        needed = arch.history + max(val_cfg.horizons) - 1
-        if data_cfg.val.length < needed:
-            raise RecipeError(
-                f"data.val.length ({data_cfg.val.length}) must be >= model.history + "
-                f"max(validation.horizons) - 1 = {needed}"
-            )
-        if loss_cfg.skip_first >= arch.history:
+        if loss_cfg.skip_first >= model_cfg.history:
             raise RecipeError(
                 f"loss.skip_first ({loss_cfg.skip_first}) leaves no supervised position in a "
-                f"history of {arch.history}"
+                f"history of {model_cfg.history}"
             )
-        self._train, self._val = open_splits(data_cfg)
-        model = NerdModel(arch).to(DTYPES[model_cfg.precision])
-        stats = [torch.from_numpy(s) for s in cached_statistics(data_cfg, self._train)]
-        model.set_normalization(*stats)
-        self._mask = loss_mask(arch, loss_cfg)
+        data = open_data(data_cfg, trainer)
+        layout = layout_of(data, model_cfg)
+        arch = model_cfg.arch(layout)
+        data.require_anchors(window_offsets(layout, arch.history), "train")
+        rollout_episodes(data, arch.history, val_cfg)
+        self._mask = loss_mask(arch, layout, loss_cfg)
+        model = NerdModel(arch, layout).to(DTYPES[model_cfg.precision])
+        model.set_normalization(*normalization(data, layout))
+        self._data, self._layout = data, layout
         return model
 
     # -------------------------------------------------------------- every update
 
     @hookimpl
     def sample(self, trainer: Any, generator: torch.Generator) -> dict[str, torch.Tensor]:
-        data = self._require_data()
+        data, layout = self._require_data()
         history = trainer.section("model").history
-        batch = trainer.config.batch_size
-        traj = torch.randint(data.num_trajectories, (batch,), generator=generator)
-        start = torch.randint(data.length - history + 1, (batch,), generator=generator)
-        tokens, delta = window_batch(data, traj.numpy(), start.numpy(), history)
+        window = data.sample(window_offsets(layout, history), trainer.config.batch_size, generator)
+        tokens, delta = tokens_of(window, layout, history)
         dtype = DTYPES[trainer.section("model").precision]
         return {
             "tokens": torch.from_numpy(tokens).to(device=trainer.device, dtype=dtype),
@@ -115,13 +116,13 @@ class NerdPlugin:
 
     @hookimpl
     def validate(self, trainer: Any, model: nn.Module, step: int) -> dict[str, float]:
-        if self._val is None:
+        if self._data is None:
             return {}
         val_cfg: ValidationSection = trainer.section("validation")
         net = _unwrap(model)
         dtype = next(net.parameters()).dtype
         device = next(net.parameters()).device
-        return evaluate(net, self._val, val_cfg, self._mask, dtype, device)
+        return evaluate(net, self._data, val_cfg, self._mask, dtype, device)
 
     # -------------------------------------------------------------- export
 
@@ -129,10 +130,10 @@ class NerdPlugin:
     def export(self, checkpoint: Checkpoint, checkpoint_path: Path, out_dir: Path) -> Path | None:
         return export_checkpoint(checkpoint, checkpoint_path, out_dir)
 
-    def _require_data(self) -> CartpoleData:
-        if self._train is None:
+    def _require_data(self) -> tuple[TrainingData, NerdLayout]:
+        if self._data is None or self._layout is None:
             raise RuntimeError("the nerd plugin's build_model has not run")
-        return self._train
+        return self._data, self._layout
 
 
 def _unwrap(model: nn.Module) -> NerdModel:

@@ -4,13 +4,17 @@ Every key has a default (docs/nerd.md lists them), so a recipe names only what
 it changes; cross-section checks that need more than one section (window
 lengths against horizons) are made in ``build_model``.
 
-- ``model``: history window, sizes, causal attention, normalization, angle
-  features and the precision the model is built, trained and exported in.
-- ``data``: cache directory and the sizes and seeds of the train and
-  validation splits (made on first use, memory-mapped afterwards).
-- ``loss``: the loss mask: which state features and which window positions
+- ``model``: history window, sizes, causal attention, normalization, which
+  state components are angles (and whether they are also fed as sin/cos) and
+  the precision the model is built, trained and exported in.
+- ``data``: slhub's one ``data:`` shape (:class:`slhub.data.DataSection`: path,
+  format, split, window, features with the roles ``state``, ``action`` and
+  ``extra``); without a ``path``, the cart-pole generator's cache directory and
+  the sizes and seeds of its train and validation episodes (made once into
+  slhub's store, memory-mapped afterwards).
+- ``loss``: the loss mask: which state components and which window positions
   are supervised.
-- ``validation``: rollout horizons and how many validation trajectories to use.
+- ``validation``: rollout horizons and how many validation episodes to use.
 """
 
 from __future__ import annotations
@@ -20,10 +24,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from slhub.builtin.nerd.model import NerdArch
-from slhub.data import STATE_NAMES
+from slhub.builtin.nerd.model import LAYOUT_FEATURE_SET, NerdArch, NerdLayout
+from slhub.data import DataSection as DatasetSection
 
-#: The state feature that is an angle (fed as sin/cos, wrapped after each step).
+#: The cart-pole's state component that is an angle (fed as sin/cos, wrapped).
 ANGLE_FEATURE = "theta"
 
 
@@ -39,6 +43,11 @@ class ModelSection(BaseModel):
     mlp_hidden: int | None = Field(default=None, ge=1, description="default: 4 * width")
     causal: bool = True
     normalize: bool = True
+    angles: list[str] | None = Field(
+        default=None,
+        description="state components that are angles (wrapped to [-pi, pi)); default: "
+        "theta for the cart-pole, none for a dataset",
+    )
     angle_features: bool = True
     precision: Literal["float32", "float64", "bfloat16"] = "float32"
 
@@ -48,9 +57,12 @@ class ModelSection(BaseModel):
             raise ValueError(f"width {self.width} must be divisible by heads {self.heads}")
         return self
 
-    def arch(self) -> NerdArch:
+    def arch(self, layout: NerdLayout) -> NerdArch:
         return NerdArch(
-            feature_set=1,
+            feature_set=LAYOUT_FEATURE_SET,
+            state_dim=len(layout.state_names),
+            action_dim=len(layout.action_names),
+            extra_dim=len(layout.extra_names),
             history=self.history,
             width=self.width,
             layers=self.layers,
@@ -58,12 +70,13 @@ class ModelSection(BaseModel):
             mlp_hidden=self.mlp_hidden or 4 * self.width,
             causal=int(self.causal),
             normalize=int(self.normalize),
-            angle_index=STATE_NAMES.index(ANGLE_FEATURE) if self.angle_features else -1,
+            angle_index=-1,
         )
 
 
 class SplitSection(BaseModel):
-    """One data split: ``num_trajectories`` trajectories of ``length`` steps from ``seed``."""
+    """One generated cart-pole split: ``num_trajectories`` episodes of ``length`` steps
+    from ``seed``."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -72,8 +85,12 @@ class SplitSection(BaseModel):
     seed: int = Field(ge=0)
 
 
-class DataSection(BaseModel):
-    """``data``: where the cart-pole cache lives and how it is made."""
+#: The cart-pole generator's keys, which a recipe with ``data.path`` does not use.
+GENERATOR_KEYS = ("cache_dir", "max_force", "train", "val")
+
+
+class DataSection(DatasetSection):
+    """``data``: a dataset on disk (``path`` ...), or the cart-pole generator's episodes."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -93,6 +110,19 @@ class DataSection(BaseModel):
     def _distinct_seeds(self) -> DataSection:
         if self.train.seed == self.val.seed:
             raise ValueError("train.seed and val.seed must differ (independent validation data)")
+        if self.path is None and self.split != type(self.split)():
+            raise ValueError(
+                "split applies to a dataset path; the cart-pole generator's episodes are "
+                "split by data.train and data.val"
+            )
+        if self.path is not None:
+            fields = type(self).model_fields
+            unused = [k for k in GENERATOR_KEYS if getattr(self, k) != fields[k].get_default()]
+            if unused:
+                raise ValueError(
+                    f"{unused[0]} belongs to the cart-pole generator, which a dataset path "
+                    "replaces; split a dataset with data.split"
+                )
         return self
 
 
@@ -101,14 +131,15 @@ class LossSection(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    features: list[Literal[STATE_NAMES]] = Field(  # type: ignore[valid-type]
-        default_factory=lambda: list(STATE_NAMES), min_length=1
+    features: list[str] | None = Field(
+        default=None, min_length=1, description="supervised state components; default: all"
     )
     skip_first: int = Field(default=0, ge=0)
 
 
 class ValidationSection(BaseModel):
-    """``validation``: autoregressive rollout horizons and validation set size."""
+    """``validation``: autoregressive rollout horizons and how many validation episodes
+    (long enough for the longest horizon) to roll out."""
 
     model_config = ConfigDict(extra="forbid")
 
