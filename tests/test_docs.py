@@ -16,7 +16,7 @@ from helpers import REPO
 
 DOCS = REPO / "docs"
 #: Public modules whose ``__all__`` the docs must cover.
-PUBLIC = ("slhub", "slhub.export", "slhub.testing")
+PUBLIC = ("slhub", "slhub.export", "slhub.sim", "slhub.testing")
 
 
 def _script() -> ModuleType:
