@@ -6,7 +6,8 @@ a plugin's modules can change without breaking the packages that share its
 data.
 
 - :mod:`slhub.data.cartpole` — the numpy cart-pole (:func:`cartpole_step`,
-  :func:`generate_trajectories`, :func:`ensure_dataset`, :func:`state_deltas`
+  :func:`generate_trajectories`, :func:`cartpole_store` (episodes in slhub's
+  store), :func:`ensure_dataset`, :func:`state_deltas`
   and its constants; ``CARTPOLE_FORMAT`` is the ``format`` its dataset's
   ``meta.json`` records).
 - :mod:`slhub.data.angles` — :func:`wrap_angle`, the one [-pi, pi) convention,
@@ -45,6 +46,7 @@ from slhub.data.cartpole import (
     THETA,
     CartpoleData,
     cartpole_step,
+    cartpole_store,
     ensure_dataset,
     generate_trajectories,
     state_deltas,
@@ -107,6 +109,7 @@ __all__ = [
     "SplitCache",
     "cached_arrays",
     "cartpole_step",
+    "cartpole_store",
     "ensure_dataset",
     "generate_trajectories",
     "split_seed",

@@ -14,6 +14,9 @@ A split is made deterministically from its arguments and cached on disk with
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,3 +130,50 @@ def ensure_dataset(
 
     arrays = cached_arrays(Path(cache_dir) / split, meta, ("states", "actions"), make)
     return CartpoleData(states=arrays["states"], actions=arrays["actions"])
+
+
+def cartpole_store(
+    cache_dir: str | Path,
+    splits: Mapping[str, tuple[int, int, int]],
+    max_force: float = 10.0,
+) -> Path:
+    """Generated cart-pole episodes as a dataset in slhub's store, made once under
+    ``cache_dir`` (keyed by every parameter) and reused: how NeRD, RWM and BC train on
+    the cart-pole through the same data layer as on recorded robots.
+
+    :param splits: split name -> ``(episodes, length, seed)``, in episode order; the
+        store names each split (``data.split.train: train`` selects one).
+    :returns: the store's directory. Each episode has ``length + 1`` steps of ``state``
+        (:data:`STATE_NAMES`) and ``action`` (``force``); the last step's action is 0,
+        since no step follows it.
+    """
+    from slhub.data.episodes import ArrayEpisodes
+    from slhub.data.store import write_store
+    from slhub.errors import DatasetError
+
+    params = {
+        "format": FORMAT,
+        "max_force": max_force,
+        "splits": {k: list(v) for k, v in splits.items()},
+    }
+    key = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16]
+    destination = Path(cache_dir) / f"cartpole-{key}"
+    if destination.is_dir():
+        return destination
+    episodes: list[dict[str, np.ndarray]] = []
+    named: dict[str, tuple[int, ...]] = {}
+    for name, (count, length, seed) in splits.items():
+        states, actions = generate_trajectories(count, length, seed, max_force)
+        last = np.zeros_like(actions[:, :1])
+        named[name] = tuple(range(len(episodes), len(episodes) + count))
+        for state, action in zip(states, np.concatenate([actions, last], axis=1)):
+            episodes.append({"state": state, "action": action})
+    source = ArrayEpisodes(
+        episodes, fps=1.0 / DT, names={"state": STATE_NAMES, "action": ACTION_NAMES}, splits=named
+    )
+    try:
+        write_store(source, destination)
+    except DatasetError:
+        if not destination.is_dir():  # otherwise another rank or run finished it first
+            raise
+    return destination

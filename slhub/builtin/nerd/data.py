@@ -12,8 +12,6 @@ of ``history`` tokens, so the windowing lives here once.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
@@ -24,16 +22,12 @@ from slhub import DatasetError
 from slhub.builtin.nerd.model import NerdLayout
 from slhub.builtin.nerd.sections import ANGLE_FEATURE, DataSection, ModelSection
 from slhub.data import (
-    ACTION_NAMES,
-    DT,
     STATE_NAMES,
-    ArrayEpisodes,
     Role,
     TrainingData,
-    generate_trajectories,
     wrap_angle,
-    write_store,
 )
+from slhub.data import cartpole_store as store_of_cartpole
 
 #: What NeRD reads, by role; the defaults are the cart-pole store's feature names.
 ROLES = {
@@ -58,43 +52,13 @@ def open_data(cfg: DataSection, trainer: Any = None) -> TrainingData:
 
 
 def cartpole_store(cfg: DataSection) -> Path:
-    """The generated cart-pole episodes of ``cfg`` in slhub's store (split names ``train``
-    and ``validation``), made once under ``cfg.cache_dir`` and reused.
-
-    Each episode has ``length + 1`` steps of ``state`` (``x, theta, x_dot, theta_dot``)
-    and ``action`` (``force``); the last step's action is 0, since no step follows it.
-    """
-    params = {
-        "generator": "slhub.cartpole/1",
-        "max_force": cfg.max_force,
-        "train": cfg.train.model_dump(),
-        "val": cfg.val.model_dump(),
+    """The generator's episodes of ``cfg`` in slhub's store (splits ``train`` and
+    ``validation``; :func:`slhub.data.cartpole_store`)."""
+    splits = {
+        "train": (cfg.train.num_trajectories, cfg.train.length, cfg.train.seed),
+        "validation": (cfg.val.num_trajectories, cfg.val.length, cfg.val.seed),
     }
-    key = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16]
-    destination = Path(cfg.cache_dir) / f"cartpole-{key}"
-    if destination.is_dir():
-        return destination
-    episodes = []
-    for split in (cfg.train, cfg.val):
-        states, actions = generate_trajectories(
-            split.num_trajectories, split.length, split.seed, cfg.max_force
-        )
-        last = np.zeros_like(actions[:, :1])
-        for state, action in zip(states, np.concatenate([actions, last], axis=1)):
-            episodes.append({"state": state, "action": action})
-    train = cfg.train.num_trajectories
-    source = ArrayEpisodes(
-        episodes,
-        fps=1.0 / DT,
-        names={"state": STATE_NAMES, "action": ACTION_NAMES},
-        splits={"train": tuple(range(train)), "validation": tuple(range(train, len(episodes)))},
-    )
-    try:
-        write_store(source, destination)
-    except DatasetError:
-        if not destination.is_dir():  # another rank or run finished it first otherwise
-            raise
-    return destination
+    return store_of_cartpole(cfg.cache_dir, splits, cfg.max_force)
 
 
 def layout_of(data: TrainingData, model_cfg: ModelSection, robot: str = "") -> NerdLayout:
