@@ -127,15 +127,17 @@ def launch(argv: list[str], owns_process: bool = True) -> int:
     :param owns_process: this command is the process (the console script): a stop
         signal after the workers ended is then ignored, so it cannot change the status.
     """
+    from slhub.cli import build_parser
+
     try:
         args, prefix = _parse(argv)
+        # the train command's usage errors and --help, here once instead of on every worker
+        build_parser().parse_args(args.training_script_args)
     except SlhubError as exc:
         _final_line(f"slhub: error: {exc}")
         return EXIT_USAGE
-    from slhub.cli import build_parser
-
-    # the train command's own usage errors and --help, here once instead of on every worker
-    build_parser().parse_args(args.training_script_args)
+    except SystemExit as exc:  # --help (0), or a usage error already printed (2)
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     outcome = _run(args, prefix, owns_process)
     if outcome.line:
         _final_line(outcome.line)

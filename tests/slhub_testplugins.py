@@ -460,3 +460,14 @@ class DatasetProbe(SlDdpPlugin):
             "demos", dataset, split_episodes(dataset, validation_ratio=0.25, seed=seed)
         )
         return super().build_model(trainer)
+
+
+class DiesInBuild(SlDdpPlugin):
+    """Rank SLHUB_DIE_RANK (default 1) ends its process with status 3 in ``build_model``,
+    without a word (as a crash or an out-of-memory kill would); the others build."""
+
+    @hookimpl
+    def build_model(self, trainer):
+        if trainer.rank == int(os.environ.get("SLHUB_DIE_RANK", "1")):
+            os._exit(3)
+        return super().build_model(trainer)
