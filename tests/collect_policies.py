@@ -1,4 +1,5 @@
-"""Policies tests/test_collect.py names as ``--policy collect_policies:NAME``."""
+"""Policies tests/test_collect.py names as ``--policy collect_policies:NAME``, and a
+simulator factory it registers as a package would."""
 
 from __future__ import annotations
 
@@ -33,3 +34,10 @@ def slow(observation: np.ndarray, simulator) -> np.ndarray:
 
 def wrong_shape(observation: np.ndarray, simulator) -> list[float]:
     return [0.0] * (len(simulator.action_names) + 2)
+
+
+def toy_simulator(env: str, *, max_steps: int | None = None):
+    """A simulator factory as a package registers one in ``slhub.simulators``."""
+    from slhub.sim import GymnasiumMujoco
+
+    return GymnasiumMujoco(env, max_steps=max_steps)

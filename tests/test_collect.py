@@ -367,3 +367,23 @@ def test_missing_simulator_libraries_name_the_extra(capsys, tmp_path: Path, monk
     assert main(["data", "collect", str(tmp_path / "data"), *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "pip install 'slhub[sim]'" in err and "mujoco" in err
+
+
+def test_a_package_adds_a_simulator_prefix_but_cannot_replace_the_built_in(monkeypatch):
+    from importlib.metadata import EntryPoint
+
+    from slhub.sim import SIMULATOR_GROUP, simulators
+    from slhub.sim import simulator as registry
+
+    points = [
+        EntryPoint("toy", "collect_policies:toy_simulator", SIMULATOR_GROUP),
+        EntryPoint("gymnasium", "collect_policies:toy_simulator", SIMULATOR_GROUP),
+        EntryPoint("broken", "no_such_module_xyz:factory", SIMULATOR_GROUP),
+    ]
+    monkeypatch.setattr(registry, "entry_points", lambda group: points)
+    assert simulators()["gymnasium"] == "slhub.sim.gymnasium_mujoco:GymnasiumMujoco"
+    simulator = open_simulator("toy:InvertedPendulum-v5", max_steps=3)
+    assert simulator.qpos_names == ("slider", "hinge")
+    simulator.close()
+    with pytest.raises(SimulatorError, match="simulator 'broken' .* fails to import"):
+        open_simulator("broken:Anything-v0")

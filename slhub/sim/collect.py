@@ -46,7 +46,7 @@ import numpy as np
 
 from slhub.data import ArrayEpisodes, write_store
 from slhub.errors import DatasetError, SimulatorError
-from slhub.sim.actions import KNOT_EVERY, make_source
+from slhub.sim.actions import KNOT_EVERY, ActionSource, make_source
 from slhub.sim.render import FOLLOW
 from slhub.sim.simulator import Simulator, open_simulator
 
@@ -104,6 +104,8 @@ def collect(
     simulator = open_simulator(env, max_steps=steps)
     try:
         source = make_source(actions, simulator, policy=policy, noise=noise)
+        if render:
+            simulator.render(camera, size)  # an unknown camera or no GL: refused before simulating
         with _signals_unwind():
             recorded = _roll_out(
                 simulator, source, episodes, steps, seed, render, camera, size, progress
@@ -114,12 +116,12 @@ def collect(
             provenance = {
                 "format": FORMAT,
                 "env": simulator.name,
-                "seed": seed,
-                "episodes": episodes,
-                "steps": steps,
+                "seed": int(seed),
+                "episodes": int(episodes),
+                "steps": int(steps),
                 "actions": actions,
                 "policy": policy,
-                "noise": noise,
+                "noise": float(noise),
                 "knot_every": KNOT_EVERY if actions == "smooth" else None,
                 "render": {"camera": camera, "size": size} if render else None,
                 "sim_state": "mujoco mj_getState(mjSTATE_INTEGRATION)",
@@ -133,7 +135,7 @@ def collect(
 
 def _roll_out(
     simulator: Simulator,
-    source: Any,
+    source: ActionSource,
     episodes: int,
     steps: int,
     seed: int,
