@@ -4,8 +4,11 @@ JSON lines carry everything on every event: ``run_id``, ``rank``,
 ``world_size``, ``step`` (null before training), ``level`` and ``timestamp``.
 The console says the run's identity once, in the ``start`` event, and then keeps
 each line short: the time, the event, ``step`` and the event's own fields, with
-floats at 4 significant digits (the exact values are in metrics.jsonl). Rank 0
-logs at INFO; other ranks log warnings and errors only (their console lines
+floats at 4 significant digits (the exact values are in metrics.jsonl), and
+within :data:`CONSOLE_WIDTH` columns: an info or warning event whose fields do not
+fit is split onto a few lines, each beginning with the event's time, level, name
+and ``step``, so that a terminal never wraps it and grep still finds every part.
+Rank 0 logs at INFO; other ranks log warnings and errors only (their console lines
 name the rank), so a torchrun console is not N copies.
 """
 
@@ -13,9 +16,11 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from collections.abc import Callable, MutableMapping
 from contextlib import AbstractContextManager, nullcontext
+from functools import cache
 from typing import Any
 
 import structlog
@@ -27,6 +32,11 @@ FORMATS = ("console", "json")
 
 #: Context every JSON event carries and the console prints only in ``start``.
 IDENTITY_KEYS = ("run_id", "world_size")
+#: The width console lines are kept within (one field longer than that is not cut).
+CONSOLE_WIDTH = 100
+#: What every part of a split console line repeats.
+_HEAD_KEYS = ("timestamp", "level", "event", "step", "rank")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 _format = "console"
 #: The update every event is about (None before training): a plain global, set once per
@@ -80,8 +90,10 @@ def configure(fmt: str = "console", rank: int = 0, world_size: int = 1) -> None:
         processors += [
             _compact,
             structlog.processors.TimeStamper(fmt="%H:%M:%S", utc=False),
-            structlog.dev.ConsoleRenderer(
-                colors=sys.stderr.isatty(), pad_event_to=0, pad_level=False, sort_keys=False
+            _Fitted(
+                structlog.dev.ConsoleRenderer(
+                    colors=sys.stderr.isatty(), pad_event_to=0, pad_level=False, sort_keys=False
+                )
             ),
         ]
     structlog.configure(
@@ -173,3 +185,70 @@ def _compact(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping
     event.clear()
     event.update(head)
     return event
+
+
+class _Fitted:
+    """The console renderer, with an event too wide for :data:`CONSOLE_WIDTH` split onto
+    the fewest lines that fit, its fields in order and spread evenly over them (NeRD's
+    validation line of 7 metrics is 188 columns). Errors and events with a traceback
+    stay one line: a failure's one line is a promise."""
+
+    def __init__(self, render: Callable[..., str]) -> None:
+        self._render = render
+
+    def __call__(self, logger: Any, name: str, event: MutableMapping[str, Any]) -> str:
+        line = self._render(logger, name, dict(event))
+        if (
+            _width(line) <= CONSOLE_WIDTH
+            or event.get("level") not in ("info", "warning")
+            or "exc_info" in event
+            or "exception" in event
+        ):
+            return line
+        head = {key: event[key] for key in _HEAD_KEYS if key in event}
+        fields = [(key, value) for key, value in event.items() if key not in head]
+        base = _width(self._render(logger, name, dict(head)))
+        widths = tuple(
+            _width(self._render(logger, name, {**head, key: value})) - base for key, value in fields
+        )
+        parts = _spread(widths, CONSOLE_WIDTH - base)
+        return "\n".join(
+            self._render(logger, name, {**head, **dict(fields[start:end])}) for start, end in parts
+        )
+
+
+def _width(text: str) -> int:
+    """Columns a rendered line takes (colour codes take none)."""
+    return len(_ANSI.sub("", text))
+
+
+def _spread(widths: tuple[int, ...], room: int) -> list[tuple[int, int]]:
+    """Contiguous ``(start, end)`` groups of fields: as few as fit in ``room`` each (a
+    field wider than that alone), then the widest group as narrow as it can be, and
+    of equally narrow spreads the one with the shortest first group."""
+    lines = 0
+    used = room + 1
+    for width in widths:  # the fewest lines: fill each as far as it goes
+        if used + width > room:
+            lines, used = lines + 1, 0
+        used += width
+
+    @cache
+    def best(start: int, left: int) -> tuple[int, tuple[int, ...]]:
+        """(widest group, group ends) for fields[start:] over ``left`` lines."""
+        if left == 1:
+            return sum(widths[start:]), (len(widths),)
+        found: tuple[int, tuple[int, ...]] | None = None
+        for end in range(start + 1, len(widths) - left + 2):
+            first = sum(widths[start:end])
+            if first > room and end > start + 1:
+                break
+            widest, ends = best(end, left - 1)
+            candidate = (max(first, widest), (end, *ends))
+            if found is None or candidate[0] < found[0]:
+                found = candidate
+        assert found is not None
+        return found
+
+    _, ends = best(0, max(lines, 1))
+    return list(zip((0, *ends[:-1]), ends))

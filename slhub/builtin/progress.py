@@ -2,11 +2,17 @@
 
 A person at a terminal sees updates done/total, updates per second, the ETA,
 the last training loss and the last validation metric on one bar that the log
-lines scroll past. When stderr is not a terminal (a batch job's log file, a
-pipe) or the log format is JSON, a bar would be noise, so the same fields go
-out as a ``progress`` event at the first update, every :data:`PERIOD_S`
-seconds and at the last update. Both read the metrics lines rank 0 writes
-(``on_log``), so they cost nothing on the other ranks.
+lines scroll past. The bar follows the terminal's width and keeps at least
+:data:`MIN_BAR` cells: on a narrow terminal the validation metric's name is
+shortened, then left out, before the bar shrinks. A terminal that reports no size
+(0x0: ``script -qc``, some container and CI terminals) gets a bar of
+:data:`FIXED_COLUMNS`; tqdm would draw nothing there.
+
+When stderr is not a terminal (a batch job's log file, a pipe) or the log
+format is JSON, a bar would be noise, so the same fields go out as a
+``progress`` event at the first update, every :data:`PERIOD_S` seconds and at
+the last update. Both read the metrics lines rank 0 writes (``on_log``), so
+they cost nothing on the other ranks.
 """
 
 from __future__ import annotations
@@ -22,6 +28,13 @@ from slhub import get_logger, hookimpl, log_format, set_log_write_wrapper
 PERIOD_S = 10.0
 #: Seconds between two refreshes of the bar's loss and validation fields.
 POSTFIX_PERIOD_S = 0.5
+#: The bar's width, and the rows tqdm is told of, on a terminal that reports no size.
+FIXED_COLUMNS, FIXED_ROWS = 80, 24
+#: The fewest cells the bar itself keeps; the fields beside it give way first.
+MIN_BAR = 10
+#: done/total, rate and ETA, then the fields (tqdm's default adds a description and the
+#: elapsed time, which left NeRD's bar one cell at 80 columns).
+BAR_FORMAT = "{percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} {rate_fmt} eta {remaining}{postfix}"
 
 LOG = get_logger()
 
@@ -54,7 +67,7 @@ class Plugin:
                 key = best if best in shown else shown[0]
                 self._validation = (key.split("/", 1)[1], float(metrics[key]))
             if self._bar is not None:
-                self._bar.set_postfix_str(self._fields_text(), refresh=step == total)
+                self._bar.set_postfix_str(self._fitted_text(), refresh=step == total)
             elif self._events and step == total and self._started is not None:
                 # the last progress line comes after the last validation, with its value
                 LOG.info("progress", **self._fields(time.monotonic(), step, total))
@@ -67,7 +80,7 @@ class Plugin:
         if self._bar is not None:
             self._bar.update(step - self._bar.n)
             if now - self._last_postfix >= POSTFIX_PERIOD_S or step == total:
-                self._bar.set_postfix_str(self._fields_text(), refresh=step == total)
+                self._bar.set_postfix_str(self._fitted_text(), refresh=step == total)
                 self._last_postfix = now
         elif self._events and (
             now - self._last_event >= PERIOD_S
@@ -89,14 +102,19 @@ class Plugin:
         if bar_wanted():
             from tqdm import tqdm
 
+            sized = min(_terminal_size()) > 0
             self._bar = tqdm(
                 total=total,
                 initial=step - 1,
-                desc="train",
                 unit="upd",
                 file=sys.stderr,
-                dynamic_ncols=_terminal_columns() > 0,
-                ncols=None if _terminal_columns() > 0 else 100,
+                bar_format=BAR_FORMAT,
+                dynamic_ncols=sized,
+                # both given: tqdm asks the terminal for whichever is None, and draws
+                # nothing when it reports 0 rows; one cell short of the edge, as tqdm
+                # sizes itself, so that a terminal of that width does not wrap
+                ncols=None if sized else FIXED_COLUMNS - 1,
+                nrows=None if sized else FIXED_ROWS,
                 leave=True,
             )
             set_log_write_wrapper(tqdm.external_write_mode)
@@ -117,14 +135,31 @@ class Plugin:
             fields[f"val_{name}"] = value
         return fields
 
-    def _fields_text(self) -> str:
-        parts = []
-        if self._loss is not None:
-            parts.append(f"loss={_significant(self._loss)}")
-        if self._validation is not None:
-            name, value = self._validation
-            parts.append(f"val_{name}={_significant(value)}")
-        return ", ".join(parts)
+    def _fitted_text(self) -> str:
+        """The bar's fields, as long as the terminal leaves :data:`MIN_BAR` cells of bar."""
+        candidates = self._fields_texts()
+        meter = self._bar.format_dict
+        columns = meter.get("ncols")
+        if not columns:
+            return candidates[0]
+        from tqdm.utils import disp_len
+
+        for text in candidates:
+            # without ncols tqdm draws a bar of 10 cells: the rest is what the fields leave
+            line = self._bar.format_meter(**{**meter, "ncols": None, "postfix": text})
+            if columns - (disp_len(line) - 10) >= MIN_BAR:
+                return text
+        return ""
+
+    def _fields_texts(self) -> list[str]:
+        """The bar's fields, longest first: the validation name, then the metric, give way."""
+        loss = [f"loss={_significant(self._loss)}"] if self._loss is not None else []
+        if self._validation is None:
+            return [", ".join(loss)]
+        name, value = self._validation
+        shown = _significant(value)
+        shorter = [f"val_{name}={shown}", f"{name}={shown}", f"val={shown}"]
+        return [", ".join([*loss, field]) for field in shorter] + [", ".join(loss)]
 
 
 def _validates(config: Any, step: int) -> bool:
@@ -137,9 +172,9 @@ def _significant(value: float) -> str:
     return f"{value:.4g}"
 
 
-def _terminal_columns() -> int:
-    """stderr's width; 0 for a terminal that reports none (a bare pseudo-terminal)."""
+def _terminal_size() -> tuple[int, int]:
+    """stderr's columns and rows; 0 for a terminal that reports none (a bare pseudo-terminal)."""
     try:
-        return os.get_terminal_size(sys.stderr.fileno()).columns
+        return tuple(os.get_terminal_size(sys.stderr.fileno()))  # type: ignore[return-value]
     except (OSError, ValueError):
-        return 0
+        return 0, 0
