@@ -130,8 +130,7 @@ def test_early_terminated_episodes_keep_their_true_length(hopper: Path):
         assert data["terminated"][-1] == (length < 12)
 
 
-def test_states_are_recorded_before_their_action(hopper: Path):
-    """qpos/qvel/observation of step t are the state action t was applied to."""
+def test_a_steps_qpos_and_qvel_are_those_of_its_sim_state(hopper: Path):
     data = open_dataset(hopper).episode(0)
     simulator = open_simulator(HOPPER)
     simulator.reset(0)

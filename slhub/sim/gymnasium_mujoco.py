@@ -105,6 +105,9 @@ class GymnasiumMujoco:
         return out
 
     def restore(self, state: np.ndarray) -> None:
+        """``mj_setState`` then ``mj_forward`` (positions and contacts of ``state``, for
+        frames and observations). The env's own counters are not part of MuJoCo's
+        state: ``truncated`` still counts steps from the last :meth:`reset`."""
         state = np.ascontiguousarray(state, dtype=np.float64)
         if state.shape != (self._size,):
             raise SimulatorError(
