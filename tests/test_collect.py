@@ -130,6 +130,20 @@ def test_early_terminated_episodes_keep_their_true_length(hopper: Path):
         assert data["terminated"][-1] == (length < 12)
 
 
+def test_through_termination_keeps_the_falls_and_only_the_time_limit_ends(tmp_path: Path):
+    collect(tmp_path / "early", HOPPER, episodes=4, steps=12, actions="smooth", seed=0)
+    collect(tmp_path / "all", HOPPER, episodes=4, steps=12, actions="smooth", seed=0,
+            through_termination=True)  # fmt: skip
+    early, whole = open_dataset(tmp_path / "early"), open_dataset(tmp_path / "all")
+    assert whole.lengths.tolist() == [12] * 4 and early.lengths.min() < 12
+    for episode, length in enumerate(early.lengths.tolist()):
+        kept = whole.episode(episode)
+        assert kept["truncated"].tolist() == [False] * 11 + [True]
+        if length < 12:  # the fall is marked, and its steps are the early episode's
+            assert kept["terminated"][length - 1]
+            assert np.array_equal(kept["qpos"][:length], early.episode(episode)["qpos"])
+
+
 def test_a_steps_qpos_and_qvel_are_those_of_its_sim_state(hopper: Path):
     data = open_dataset(hopper).episode(0)
     simulator = open_simulator(HOPPER)

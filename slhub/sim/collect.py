@@ -83,6 +83,7 @@ def collect(
     camera: str = FOLLOW,
     size: int = 64,
     progress: bool = False,
+    through_termination: bool = False,
 ) -> Collection:
     """Collect ``episodes`` episodes of at most ``steps`` steps of ``env`` (``PREFIX:ENV``)
     into a new store at ``destination``.
@@ -90,6 +91,9 @@ def collect(
     :param actions: ``uniform``, ``smooth`` or ``policy`` (:mod:`slhub.sim.actions`).
     :param policy: ``module:function`` for ``policy``; ``noise`` its Gaussian std.
     :param progress: a bar on stderr when it is a terminal.
+    :param through_termination: keep simulating after the env terminates (the robot fell):
+        a learned simulator needs the falls too; ``terminated`` still marks those steps
+        and only the time limit ends an episode.
     :raises DatasetError: ``destination`` exists.
     :raises SimulatorError: an unknown env, a missing library, a bad argument or policy.
     """
@@ -108,8 +112,9 @@ def collect(
             simulator.render(camera, size)  # an unknown camera or no GL: refused before simulating
         with _signals_unwind():
             recorded = _roll_out(
-                simulator, source, episodes, steps, seed, render, camera, size, progress
-            )
+                simulator, source, episodes, steps, seed, render, camera, size, progress,
+                through_termination,
+            )  # fmt: skip
             dataset = ArrayEpisodes(
                 recorded, fps=1.0 / simulator.dt, names=_names(simulator, recorded[0])
             )
@@ -125,6 +130,7 @@ def collect(
                 "knot_every": KNOT_EVERY if actions == "smooth" else None,
                 "render": {"camera": camera, "size": size} if render else None,
                 "sim_state": "mujoco mj_getState(mjSTATE_INTEGRATION)",
+                "through_termination": bool(through_termination),
                 "versions": dict(simulator.versions),
             }
             write_store(dataset, destination, provenance=provenance)
@@ -143,6 +149,7 @@ def _roll_out(
     camera: str,
     size: int,
     progress: bool,
+    through_termination: bool = False,
 ) -> list[dict[str, np.ndarray]]:
     bar = _bar(episodes) if progress and sys.stderr.isatty() else None
     out = []
@@ -175,7 +182,7 @@ def _roll_out(
                 for key, value in record.items():
                     rows.setdefault(key, []).append(value)
                 observation = step.observation
-                if step.terminated or step.truncated:
+                if step.truncated or (step.terminated and not through_termination):
                     break
             out.append({key: np.stack(values) for key, values in sorted(rows.items())})
             if bar is not None:
