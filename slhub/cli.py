@@ -274,6 +274,12 @@ def _collect_arguments(actions: argparse._SubParsersAction) -> None:
         "policy_action (DART)",
     )
     collect.add_argument("--seed", type=int, required=True, help="seeds resets and actions")
+    collect.add_argument(
+        "--through-termination",
+        action="store_true",
+        help="keep simulating after the env terminates (the robot fell; terminated still "
+        "marks those steps): a learned simulator needs the falls too",
+    )
     collect.add_argument("--render", action="store_true", help="record an RGB image per step")
     collect.add_argument(
         "--camera",
@@ -308,6 +314,7 @@ def _data(args: argparse.Namespace) -> None:
                 camera=args.camera,
                 size=args.size,
                 progress=True,
+                through_termination=args.through_termination,
             )
         )
     else:
