@@ -130,13 +130,31 @@ def lock(folder: Path) -> RunLock:
     except OSError as exc:
         handle.close()
         raise ArtifactError(f"{folder}: cannot lock the run directory ({exc.strerror})") from None
-    handle.seek(0)
-    handle.truncate()
     info = {"pid": os.getpid(), "host": socket.gethostname(), "since": _now().isoformat()}
-    handle.write(json.dumps(info) + "\n")
-    handle.flush()
-    _remove_temporaries(folder)
+    try:  # a full disk or a failing device: the one line, naming the file, not a traceback
+        with path_errors(
+            folder / LOCK_FILE,
+            ArtifactError,
+            "cannot write the run directory's lock file",
+            "free space there or choose another trainer.output_dir",
+        ):
+            handle.seek(0)
+            handle.truncate()
+            handle.write(json.dumps(info) + "\n")
+            handle.flush()
+            _remove_temporaries(folder)
+    except ArtifactError:
+        _close_quietly(handle)
+        raise
     return RunLock(folder, handle)
+
+
+def _close_quietly(handle: TextIO) -> None:
+    """Close a handle whose write failed (closing flushes again, and fails again)."""
+    try:
+        handle.close()
+    except OSError:
+        pass
 
 
 def _holder(text: str) -> str:

@@ -62,12 +62,15 @@ class LossResult:
     its loss value. The loop reads a tensor weight once (a host sync on a GPU)
     and stores the float back in ``weight``, so ``scale_loss`` and
     ``on_commit`` see a float. ``metrics`` are extra scalars logged to
-    metrics.jsonl under ``train/<name>`` (rank 0's local values).
+    metrics.jsonl under ``train/<name>`` (rank 0's local values): floats, or
+    one-element tensors, which the loop detaches and reads (a tensor that
+    requires grad needs no ``float()``, which would print torch's warning; a
+    tensor of more elements fails the update, naming the metric).
     """
 
     loss: torch.Tensor
     weight: float | int | torch.Tensor
-    metrics: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float | torch.Tensor] = field(default_factory=dict)
 
 
 @runtime_checkable

@@ -421,7 +421,7 @@ class Loop(TrainerBase):
             metrics["train/grad_norm"] = grad_norm
         try:
             for key, value in result.metrics.items():
-                metrics[f"train/{key}"] = _scalar(value)
+                metrics[f"train/{key}"] = _scalar(f"train/{key}", value)
             if self.calls.on_commit is not None:
                 self._in_commit = True
                 try:
@@ -484,8 +484,8 @@ class Loop(TrainerBase):
             self.checkpoints.in_validation = False
         merged: dict[str, Any] = {}
         for part in results:
-            if part:
-                merged.update({f"validation/{k}": _scalar(v) for k, v in part.items()})
+            for key, value in (part or {}).items():
+                merged[f"validation/{key}"] = _scalar(f"validation/{key}", value)
         if merged:
             LOG.info("validation", **{k.split("/", 1)[1]: v for k, v in merged.items()})
             self._log_line({"step": step, **merged})
@@ -574,7 +574,15 @@ def _not_differentiable(loss: Any) -> str:
     )
 
 
-def _scalar(value: Any) -> Any:
+def _scalar(name: str, value: Any) -> Any:
+    """A metric (``LossResult.metrics``, ``validate``) as a number: a tensor is detached
+    first (``float()`` of one that requires grad prints torch's warning) and must hold
+    one element."""
     if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise SlhubError(
+                f"metric {name} is a tensor of shape {list(value.shape)}; a metric is one "
+                "number (a float or a one-element tensor)"
+            )
         return value.detach().item()
     return value

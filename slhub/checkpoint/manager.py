@@ -39,7 +39,7 @@ from slhub.checkpoint.schema import (
     check_fits,
     check_state_loadable,
 )
-from slhub.errors import CheckpointError, DatasetError, SlhubError, one_line
+from slhub.errors import CheckpointError, DatasetError, PluginError, SlhubError, one_line
 from slhub.recipe import TrainerConfig
 
 LOG = log.get_logger()
@@ -266,11 +266,17 @@ class CheckpointManager:
             assert ckpt.ema is not None
             owner.ema.load(ckpt.ema.step, ckpt.ema.weights)
         owner.step = ckpt.step
+        hook = owner.hook.load_state_dict
         try:
-            owner.hook.load_state_dict(trainer=owner, state=ckpt.rank_state(owner.rank))
-        except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
-            raise CheckpointError(
-                f"checkpoint's state for rank {owner.rank} cannot be restored ({one_line(exc)})"
+            hook(trainer=owner, state=ckpt.rank_state(owner.rank))
+        except SlhubError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a plugin's bug: its traceback, then one line
+            log.failure("load_state_dict failed", exc)
+            raise PluginError(
+                f"{_raised_by(exc, hook)} failed to load its state from the checkpoint of "
+                f"update {ckpt.step} on rank {owner.rank} (load_state_dict: {one_line(exc)}); "
+                "its traceback is in that rank's log"
             ) from None
         if ckpt.step >= self.config.steps:
             raise CheckpointError(
@@ -279,6 +285,21 @@ class CheckpointManager:
             )
         self.retention = ckpt.retention
         return changes
+
+
+def _raised_by(exc: BaseException, hook: Any) -> str:
+    """``plugin NAME``: the plugin whose implementation of ``hook`` raised ``exc`` (the
+    innermost of them on its traceback), or ``a plugin`` when none can be told."""
+    impls = {
+        getattr(impl.function, "__code__", None): impl.plugin_name
+        for impl in getattr(hook, "get_hookimpls", list)()
+    }
+    name = None
+    frame = exc.__traceback__
+    while frame is not None:
+        name = impls.get(frame.tb_frame.f_code, name)
+        frame = frame.tb_next
+    return f"plugin {name}" if name is not None else "a plugin"
 
 
 def _check_ema(ckpt: Checkpoint, averaging: bool) -> None:
