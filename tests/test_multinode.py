@@ -1,7 +1,7 @@
-"""Past one node: two torchrun agents on this machine form one job through the c10d
+"""Past one node: two elastic agents on this machine form one job through the c10d
 rendezvous (``--nnodes=2 --nproc-per-node=1``), as two SLURM nodes would, with the
-torchrun command of docs/launch.md's sbatch script (read from the page, so an edit
-there changes what runs here). Only global rank 0 writes, each worker's device follows
+``slhub launch`` command of docs/launch.md's sbatch script (read from the page, so an
+edit there changes what runs here). Only global rank 0 writes, each worker's device follows
 its LOCAL_RANK, the result equals a single-node two-worker run bit for bit, and a run
 preempted at update k resumes across the two "nodes" exactly. Without a shared
 filesystem (two workers in different working directories) the rank that cannot see
@@ -38,14 +38,14 @@ from slhub.testing import STOP_AT_ENV, assert_tree_equal
 pytestmark = pytest.mark.slow
 
 PLUGINS = ["slhub_testplugins:WhereAmI", "slhub.testing:StopAt"]
-#: The marker docs/launch.md puts above the sbatch script whose torchrun command runs here.
-MARKER = "<!-- tests/test_multinode.py runs the torchrun command of this script -->"
+#: The marker docs/launch.md puts above the sbatch script whose launch command runs here.
+MARKER = "<!-- tests/test_multinode.py runs the slhub launch command of this script -->"
 
 
-def sbatch_torchrun(values: dict[str, str]) -> list[str]:
-    """The torchrun command of docs/launch.md's multi-node sbatch script, as an argument
-    list, with the script's shell variables replaced by ``values`` (all of them must be
-    given) and ``torchrun`` by ``python -m torch.distributed.run``."""
+def sbatch_launch(values: dict[str, str]) -> list[str]:
+    """The ``slhub launch`` command of docs/launch.md's multi-node sbatch script, as an
+    argument list, with the script's shell variables replaced by ``values`` (all of them
+    must be given) and ``slhub`` by ``python -m slhub``."""
     page = (REPO / "docs" / "launch.md").read_text()
     found = re.search(re.escape(MARKER) + r"\n```bash\n(.*?)```", page, re.S)
     assert found, f"docs/launch.md has no sbatch script below {MARKER}"
@@ -53,40 +53,40 @@ def sbatch_torchrun(values: dict[str, str]) -> list[str]:
     lines = [
         line
         for line in script.splitlines()
-        if re.search(r"(^|\s)torchrun\s", line) and not line.lstrip().startswith("#")
+        if re.search(r"(^|\s)slhub launch\s", line) and not line.lstrip().startswith("#")
     ]
     assert len(lines) == 1, lines
     words = shlex.split(lines[0], comments=True)
-    words = words[words.index("torchrun") + 1 :]
+    words = words[words.index("slhub") + 1 :]
     if words[-1] == "&":
         words.pop()
 
     def value(match: re.Match) -> str:
         name = match.group(1) or match.group(2)
-        assert name in values, f"docs/launch.md's torchrun command uses ${name}"
+        assert name in values, f"docs/launch.md's launch command uses ${name}"
         return values[name]
 
     expanded = [re.sub(r"\$\{(\w+)\}|\$(\w+)", value, word) for word in words]
-    return [sys.executable, "-m", "torch.distributed.run", *expanded]
+    return [sys.executable, "-m", "slhub", *expanded]
 
 
 def test_the_sbatch_command_is_the_documented_one():
     """What the script's variables stand for here: two agents of one worker each."""
-    command = sbatch_torchrun(
+    command = sbatch_launch(
         {"SLURM_JOB_NUM_NODES": "2", "gpus_per_node": "1", "head": "h", "port": "1",
          "SLURM_JOB_ID": "7", "recipe": "r.yaml"}
     )  # fmt: skip
     assert command[3:] == [
-        "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d", "--rdzv-endpoint=h:1",
-        "--rdzv-id=7", "-m", "slhub", "train", "--config", "r.yaml", "--resume", "auto",
+        "launch", "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+        "--rdzv-endpoint=h:1", "--rdzv-id=7", "train", "--config", "r.yaml", "--resume", "auto",
     ]  # fmt: skip
 
 
 def _agents(recipe: Path, env: dict | None = None) -> list[tuple[int, str]]:
-    """Two torchrun agents, one worker each, meeting at a c10d rendezvous on loopback,
-    with the sbatch script's command."""
+    """Two launchers (elastic agents), one worker each, meeting at a c10d rendezvous on
+    loopback, with the sbatch script's command."""
     port = str(free_port())
-    command = sbatch_torchrun(
+    command = sbatch_launch(
         {"SLURM_JOB_NUM_NODES": "2", "gpus_per_node": "1", "head": "127.0.0.1", "port": port,
          "SLURM_JOB_ID": f"slhub-test-{port}", "recipe": str(recipe)}
     )  # fmt: skip
@@ -142,9 +142,10 @@ def test_two_nodes_equal_one_node_and_resume_across_nodes(tmp_path: Path):
     assert metrics_of(nodes) == metrics_of(tmp_path / "single")
 
     stopped = _agents(recipe("resumed"), env={STOP_AT_ENV: "6"})
-    assert all(rc != 0 for rc, _ in stopped)
-    assert any("stop signal at update 6:" in err for _, err in stopped)
-    assert any(f"exitcode: {EXIT_PREEMPTED}" in err for _, err in stopped)
+    assert [rc for rc, _ in stopped] == [EXIT_PREEMPTED] * 2, stopped[0][1][-2000:]
+    for _, err in stopped:  # each node's launcher: one line, its workers' preempted line
+        lines = [line for line in err.splitlines() if line.startswith("slhub:")]
+        assert len(lines) == 1 and "stop signal at update 6:" in lines[0], err[-2000:]
     assert load(tmp_path / "resumed" / "last.pt")["step"] == 6
     again = _agents(recipe("resumed"))
     assert [rc for rc, _ in again] == [0, 0], again[0][1][-2000:]
