@@ -114,10 +114,20 @@ def resume_launcher() -> str | None:
 
 @dataclass(frozen=True)
 class Outcome:
-    """How a launch ended: the exit status and the one line that says why (or none)."""
+    """How a launch ended: the exit status and what the one line says (or nothing):
+    a worker's own ``line``, printed as it is, or the launcher's ``message``, printed in
+    the train command's log format."""
 
     code: int
     line: str | None = None
+    message: str | None = None
+
+    def final_line(self, log_format: str) -> str | None:
+        if self.message is None:
+            return self.line
+        from slhub.log import final_line
+
+        return final_line(self.message, log_format)
 
 
 def launch(argv: list[str], owns_process: bool = True) -> int:
@@ -132,15 +142,16 @@ def launch(argv: list[str], owns_process: bool = True) -> int:
     try:
         args, prefix = _parse(argv)
         # the train command's usage errors and --help, here once instead of on every worker
-        build_parser().parse_args(args.training_script_args)
+        train = build_parser().parse_args(args.training_script_args)
     except SlhubError as exc:
         _final_line(f"slhub: error: {exc}")
         return EXIT_USAGE
     except SystemExit as exc:  # --help (0), or a usage error already printed (2)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     outcome = _run(args, prefix, owns_process)
-    if outcome.line:
-        _final_line(outcome.line)
+    line = outcome.final_line(train.log_format)
+    if line:
+        _final_line(line)
     return outcome.code
 
 
@@ -208,7 +219,7 @@ def _run(args: argparse.Namespace, prefix: list[str], owns_process: bool) -> Out
         _rendezvous_defaults(args, torchrun)
         config, entrypoint, entry_args = torchrun.config_from_args(args)
     except (ValueError, AssertionError, RuntimeError) as exc:
-        return Outcome(EXIT_USAGE, f"slhub: error: launch: {one_line(exc)}")
+        return Outcome(EXIT_USAGE, message=f"launch: {one_line(exc)}")
     folder = tempfile.mkdtemp(prefix="slhub-launch-")
     saved = {name: os.environ.get(name) for name in (STATUS_ENV, COMMAND_ENV)}
     os.environ[STATUS_ENV] = folder  # the workers inherit the agent's environment
@@ -229,7 +240,7 @@ def _run(args: argparse.Namespace, prefix: list[str], owns_process: bool) -> Out
     except SignalException as exc:
         return _signalled(exc.sigval, _records(folder))
     except Exception as exc:  # noqa: BLE001 - the rendezvous or the agent itself
-        return Outcome(EXIT_FAILED, f"slhub: error: launch failed: {one_line(exc)}")
+        return Outcome(EXIT_FAILED, message=f"launch failed: {one_line(exc)}")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
         for name, value in saved.items():
@@ -323,12 +334,12 @@ def _failed(failures: dict[int, Any], records: dict[int, dict[str, Any]]) -> Out
         return Outcome(EXIT_USAGE, _chosen_line(records, EXIT_USAGE))
     causes = sorted(died.items(), key=lambda item: (_cause_order(item[1]), item[0]))
     if causes and causes[0][1].exitcode not in _TEARDOWN:
-        return Outcome(EXIT_FAILED, f"slhub: error: {_death(*causes[0])}")
+        return Outcome(EXIT_FAILED, message=_death(*causes[0]))
     own = [r["line"] for rank, r in sorted(records.items()) if r["code"] == EXIT_FAILED]
     if own:  # a worker that lost the others (its peer died on another node)
         return Outcome(EXIT_FAILED, own[0])
     rank, failure = causes[0] if causes else min(failures.items())
-    return Outcome(EXIT_FAILED, f"slhub: error: {_death(rank, failure)}")
+    return Outcome(EXIT_FAILED, message=_death(rank, failure))
 
 
 def _cause_order(failure: Any) -> tuple[int, int]:
@@ -349,7 +360,7 @@ def _signalled(sigval: int, records: dict[int, dict[str, Any]]) -> Outcome:
     name = signal.Signals(sigval).name
     return Outcome(
         128 + int(sigval),
-        f"slhub: error: {name}: the workers stopped without a checkpoint of this attempt "
+        message=f"{name}: the workers stopped without a checkpoint of this attempt "
         "(before their first update, or without stop_signals); --resume auto continues "
         "from the last checkpoint",
     )

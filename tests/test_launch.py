@@ -185,7 +185,20 @@ def _record(rank: int, code: int, line: str, origin: int | None = None) -> dict:
 def test_status_and_line_of_failed_workers(failures, records, code, line):
     outcome = launch._failed(failures, records)
     assert outcome.code == code
-    assert outcome.line is not None and line in outcome.line
+    said = outcome.final_line("console")
+    assert said is not None and line in said
+
+
+def test_the_launchers_own_line_follows_the_log_format():
+    """A worker's line is printed as the worker wrote it; the launcher's own follows
+    ``--log-format`` (a JSON error event for log pipelines)."""
+    import json
+
+    died = launch._failed({1: _failure(-9)}, {})
+    assert died.final_line("console").startswith("slhub: error: worker rank 1 (pid 7) was")
+    event = json.loads(died.final_line("json"))
+    assert event["event"] == "error" and "killed by SIGKILL" in event["message"]
+    assert launch.Outcome(2, line="as written").final_line("json") == "as written"
 
 
 def test_records_of_an_earlier_attempt_are_not_read(tmp_path: Path, monkeypatch):
