@@ -152,10 +152,10 @@ EXAMPLES = {
         "rigidformer.scenes.train_scenes=16",
         "rigidformer.scenes.val_scenes=4",
     ],
-    "examples/bc/state.yaml": ["bc.data.train_episodes=4", "bc.data.val_episodes=2"],
+    "examples/bc/state.yaml": ["data.demos.train_episodes=4", "data.demos.val_episodes=2"],
     "examples/bc/visual.yaml": [
-        "bc.data.train_episodes=4",
-        "bc.data.val_episodes=2",
+        "data.demos.train_episodes=4",
+        "data.demos.val_episodes=2",
         "bc.rollouts=2",
     ],
 }

@@ -75,7 +75,7 @@ def _bc(tmp: Path) -> dict[str, Any]:
     return {
         "bc__precision": "float64",
         "bc__rollouts": 0,
-        **{f"bc__data__{k}": v for k, v in small.items()},
+        **{f"data__demos__{k}": v for k, v in small.items()},
     }
 
 

@@ -47,9 +47,9 @@ EXAMPLES = {
     "bc_state": (
         "bc/state.yaml",
         "slhub-bc",
-        ["bc.data.train_episodes=8", "bc.data.val_episodes=2", "bc.rollouts=2"],
+        ["data.demos.train_episodes=8", "data.demos.val_episodes=2", "bc.rollouts=2"],
     ),
-    "bc_visual": ("bc/visual.yaml", "slhub-bc", ["bc.data.train_episodes=8", "bc.val_stride=30"]),
+    "bc_visual": ("bc/visual.yaml", "slhub-bc", ["data.demos.train_episodes=8", "bc.val_stride=30"]),
 }
 
 

@@ -9,15 +9,32 @@ iteration and applies ``u = clip(-K s, -max_force, max_force)``.
 Demonstrations (DART-style): episodes start near upright, the *applied* force is
 the expert's plus Gaussian noise so that the data covers the states a slightly
 wrong policy visits, and the *label* is always the expert's clean action.
+:func:`demonstration_store` writes them (and, for visual BC, their rendered frames)
+into slhub's store once, so BC trains on them through the same data layer as on any
+recorded dataset.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
-from slhub.data import cartpole_step
+from slhub import DatasetError
+from slhub.data import (
+    ACTION_NAMES,
+    DT,
+    STATE_NAMES,
+    ArrayEpisodes,
+    cartpole_step,
+    split_seed,
+    write_store,
+)
+
+from slhub_bc.render import render
 
 #: State cost on (x, theta, x_dot, theta_dot) and force cost of the expert's LQR.
 Q = np.diag([1.0, 10.0, 1.0, 1.0])
@@ -88,3 +105,61 @@ def demonstrations(
         applied = applied + noise * rng.standard_normal(num_episodes)
         states[:, t + 1] = cartpole_step(states[:, t], np.clip(applied, -max_force, max_force))
     return Demonstrations(states=states, actions=expert_action(states, max_force))
+
+
+#: Recorded in the store's provenance and its cache key; bump when the data would change.
+FORMAT = "slhub_bc.demonstrations/1"
+
+
+def demonstration_store(
+    cache_dir: str | Path,
+    *,
+    train_episodes: int,
+    val_episodes: int,
+    length: int,
+    seed: int,
+    noise: float,
+    max_force: float,
+    images: bool,
+) -> Path:
+    """The expert's demonstrations as a dataset in slhub's store, made once under
+    ``cache_dir`` (keyed by every parameter, written atomically) and reused.
+
+    Features per step: ``state`` (:data:`slhub.data.STATE_NAMES`), the expert's clean
+    ``action`` (``force``) and, with ``images``, ``image``: the rendered frame as
+    ``64 x 64 x 1`` uint8. Splits ``train`` (``seed``) and ``validation`` (``seed + 1``).
+    """
+    params = {
+        "format": FORMAT,
+        "train_episodes": train_episodes,
+        "val_episodes": val_episodes,
+        "length": length,
+        "seed": seed,
+        "noise": noise,
+        "max_force": max_force,
+        "images": images,
+    }
+    key = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16]
+    destination = Path(cache_dir) / f"demos-{key}"
+    if destination.is_dir():
+        return destination
+    episodes: list[dict[str, np.ndarray]] = []
+    splits: dict[str, tuple[int, ...]] = {}
+    parts = (("train", "train", train_episodes), ("validation", "val", val_episodes))
+    for name, split, count in parts:
+        demos = demonstrations(count, length, split_seed(seed, split), noise, max_force)
+        splits[name] = tuple(range(len(episodes), len(episodes) + count))
+        for states, actions in zip(demos.states, demos.actions, strict=True):
+            episode = {"state": states, "action": actions}
+            if images:
+                episode["image"] = np.round(render(states) * 255).astype(np.uint8)[..., None]
+            episodes.append(episode)
+    source = ArrayEpisodes(
+        episodes, fps=1.0 / DT, names={"state": STATE_NAMES, "action": ACTION_NAMES}, splits=splits
+    )
+    try:
+        write_store(source, destination, provenance={"generator": "slhub_bc.expert", **params})
+    except (DatasetError, OSError):  # exists already, or the rename found it there
+        if not destination.is_dir():  # otherwise another rank or run finished it first
+            raise
+    return destination

@@ -1,58 +1,141 @@
-"""Policies: an MLP on the cart-pole state and a small CNN on two rendered frames."""
+"""Policies: an MLP on an observation history, and a small CNN per camera.
+
+Both map a window (``observation [B, K, D]``, ``image[i] [B, K, H, W, C]`` uint8) to
+an action chunk ``[B, chunk, A]`` in normalized units. The normalization (the training
+split's observation and action mean and std) is kept in buffers, so every checkpoint
+and export carries what inference needs to standardize inputs and to turn the
+prediction back into actions (:meth:`Policy.act`); images are scaled by 1/255.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
 import torch
 from torch import nn
 
-from slhub_bc.render import SIZE
+from slhub_bc.data import camera_role
+
+#: The smallest standard deviation used to normalize (a constant component stays finite).
+STD_FLOOR = 1e-6
 
 
-class StatePolicy(nn.Module):
-    """``[B, 4]`` state -> ``[B, 1]`` force (N), inputs standardized with training statistics."""
+class Policy(nn.Module):
+    """Normalization buffers and the mapping between normalized and real actions."""
 
-    def __init__(self, state_mean, state_std, action_scale: float, hidden: int) -> None:
+    def __init__(
+        self,
+        observation: tuple[np.ndarray, np.ndarray],
+        action: tuple[np.ndarray, np.ndarray],
+        chunk: int,
+    ) -> None:
         super().__init__()
-        self.register_buffer("state_mean", torch.as_tensor(state_mean, dtype=torch.float32))
-        self.register_buffer("state_std", torch.as_tensor(state_std, dtype=torch.float32))
-        self.register_buffer("action_scale", torch.tensor(float(action_scale)))
+        for name, (mean, std) in (("observation", observation), ("action", action)):
+            self.register_buffer(f"{name}_mean", torch.as_tensor(mean, dtype=torch.float64))
+            std = np.maximum(np.asarray(std, dtype=np.float64), STD_FLOOR)
+            self.register_buffer(f"{name}_std", torch.as_tensor(std))
+        self.chunk = chunk
+        self.action_dim = len(action[0])
+
+    def normalize_observation(self, observation: torch.Tensor) -> torch.Tensor:
+        return (observation - self.observation_mean) / self.observation_std
+
+    def normalize_action(self, action: torch.Tensor) -> torch.Tensor:
+        return (action - self.action_mean) / self.action_std
+
+    def act(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The action chunk ``[B, chunk, A]`` in the dataset's units."""
+        return self(batch) * self.action_std + self.action_mean
+
+    def _chunk(self, flat: torch.Tensor) -> torch.Tensor:
+        return flat.view(flat.shape[0], self.chunk, self.action_dim)
+
+
+class StatePolicy(Policy):
+    """``observation [B, K, D]`` -> ``[B, chunk, A]``: an MLP (tanh) on the standardized,
+    flattened history."""
+
+    def __init__(
+        self,
+        observation: tuple[np.ndarray, np.ndarray],
+        action: tuple[np.ndarray, np.ndarray],
+        *,
+        history: int,
+        chunk: int,
+        hidden: int,
+    ) -> None:
+        super().__init__(observation, action, chunk)
+        inputs = history * len(observation[0])
         self.net = nn.Sequential(
-            nn.Linear(4, hidden),
+            nn.Linear(inputs, hidden),
             nn.Tanh(),
             nn.Linear(hidden, hidden),
             nn.Tanh(),
-            nn.Linear(hidden, 1),
+            nn.Linear(hidden, chunk * self.action_dim),
         )
 
-    def forward(self, states: torch.Tensor) -> torch.Tensor:
-        return self.net((states - self.state_mean) / self.state_std) * self.action_scale
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        observation = self.normalize_observation(batch["observation"])
+        return self._chunk(self.net(observation.flatten(1)))
 
 
-class VisualPolicy(nn.Module):
-    """``[B, 2, 64, 64]`` frames (t - frame_gap, t) -> ``[B, 1]`` force (N).
+def _conv_size(size: int) -> int:
+    """A side after the encoder's three stride-2 convolutions (each ``ceil(n / 2)``)."""
+    for _ in range(3):
+        size = (size + 1) // 2
+    return size
 
-    Two frames, because one image shows positions but not velocities, and the
-    expert's action depends on both.
+
+class VisualPolicy(Policy):
+    """Frames of every camera (``image[i] [B, K, H, W, C]`` uint8) and, when the recipe
+    names one, the observation history -> ``[B, chunk, A]``.
+
+    Each camera has its own encoder (3 strided convolutions) over its ``K`` frames
+    stacked as channels: several frames, because one shows positions but not the
+    velocities an expert acts on.
     """
 
-    def __init__(self, action_scale: float, channels: int, hidden: int) -> None:
-        super().__init__()
-        self.register_buffer("action_scale", torch.tensor(float(action_scale)))
+    def __init__(
+        self,
+        observation: tuple[np.ndarray, np.ndarray],
+        action: tuple[np.ndarray, np.ndarray],
+        *,
+        cameras: Sequence[tuple[int, int, int]],
+        history: int,
+        chunk: int,
+        channels: int,
+        hidden: int,
+    ) -> None:
+        super().__init__(observation, action, chunk)
         c = channels
-        self.features = nn.Sequential(
-            nn.Conv2d(2, c, 5, stride=2, padding=2),
-            nn.ReLU(),  # 32 x 32
-            nn.Conv2d(c, 2 * c, 3, stride=2, padding=1),
-            nn.ReLU(),  # 16 x 16
-            nn.Conv2d(2 * c, 2 * c, 3, stride=2, padding=1),
-            nn.ReLU(),  # 8 x 8
+        self.cameras = len(cameras)
+        self.encoders = nn.ModuleList(
+            nn.Sequential(
+                nn.Conv2d(history * depth, c, 5, stride=2, padding=2),
+                nn.ReLU(),
+                nn.Conv2d(c, 2 * c, 3, stride=2, padding=1),
+                nn.ReLU(),
+                nn.Conv2d(2 * c, 2 * c, 3, stride=2, padding=1),
+                nn.ReLU(),
+                nn.Flatten(),
+            )
+            for _, _, depth in cameras
         )
+        features = sum(2 * c * _conv_size(h) * _conv_size(w) for h, w, _ in cameras)
+        features += history * len(observation[0])
         self.head = nn.Sequential(
-            nn.Flatten(),
-            nn.Linear(2 * c * (SIZE // 8) ** 2, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, 1),
+            nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, chunk * self.action_dim)
         )
 
-    def forward(self, frames: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(frames)) * self.action_scale
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        dtype = self.action_std.dtype
+        parts = []
+        for index, encoder in enumerate(self.encoders):
+            frames = batch[camera_role(index)]  # [B, K, H, W, C]
+            b, k, h, w, c = frames.shape
+            frames = frames.to(dtype).div(255.0).permute(0, 1, 4, 2, 3).reshape(b, k * c, h, w)
+            parts.append(encoder(frames))
+        if "observation" in batch:
+            parts.append(self.normalize_observation(batch["observation"]).flatten(1))
+        return self._chunk(self.head(torch.cat(parts, dim=1)))

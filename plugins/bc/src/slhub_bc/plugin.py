@@ -1,153 +1,206 @@
-"""The ``bc`` slhub plugin: state or visual behavior cloning of the cart-pole LQR expert."""
+"""The ``bc`` slhub plugin: state or visual behavior cloning from any dataset slhub reads.
+
+This module is the hook class and its loss, validation and cart-pole rollouts; the
+recipe sections are :mod:`~slhub_bc.sections`, the roles and windows
+:mod:`~slhub_bc.data`, the networks :mod:`~slhub_bc.model`, and the LQR expert whose
+demonstrations make the default dataset :mod:`~slhub_bc.expert`.
+
+Loss: mean squared error of the normalized action chunk over its real steps (padded
+targets past an episode's end have no weight); ``LossResult.weight`` is the number
+of real target elements. Validation: the same error over every ``val_stride``-th
+window of the validation episodes, in a fixed order, and, on the expert's cart-pole
+demonstrations, the share of closed-loop rollouts that stay balanced.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-from slhub import LossResult, hookimpl
-from slhub.data import SplitCache, cartpole_step, split_seed
+from pydantic import BaseModel
+from slhub import LossResult, RecipeError, hookimpl
+from slhub.data import PAD_SUFFIX, TrainingData, cartpole_step
 
-from slhub_bc.expert import Demonstrations, demonstrations
-from slhub_bc.model import StatePolicy, VisualPolicy
+from slhub_bc.data import IMAGE, STATE, cameras, offsets_of, open_data, to_batch
+from slhub_bc.model import Policy, StatePolicy, VisualPolicy
 from slhub_bc.render import render
+from slhub_bc.sections import SECTIONS, BcDataSection, BcSection
 
 SECTION = "bc"
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
-
-
-class DemoConfig(BaseModel):
-    """Expert demonstrations, made in memory at build time (see :mod:`slhub_bc.expert`)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    train_episodes: int = Field(default=64, gt=0)
-    val_episodes: int = Field(default=16, gt=0)
-    length: int = Field(default=150, gt=0)
-    seed: int = Field(default=0, ge=0)
-    noise: float = Field(default=2.0, ge=0)
-    max_force: float = Field(default=10.0, gt=0)
-
-    def make(self, split: str) -> Demonstrations:
-        count = self.train_episodes if split == "train" else self.val_episodes
-        seed = split_seed(self.seed, split)
-        return demonstrations(count, self.length, seed, self.noise, self.max_force)
-
-
-class BcSection(BaseModel):
-    """The ``bc`` recipe section."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    observation: Literal["state", "visual"] = "state"
-    frame_gap: int = Field(default=3, gt=0)
-    hidden: int = Field(default=64, gt=0)
-    channels: int = Field(default=16, gt=0)
-    data: DemoConfig = Field(default_factory=DemoConfig)
-    val_stride: int = Field(default=5, gt=0)
-    rollouts: int = Field(default=16, ge=0)
-    rollout_steps: int = Field(default=150, gt=0)
-    balance_angle: float = Field(default=0.5, gt=0)
-    precision: Literal["float32", "float64"] = "float32"
-
-    @model_validator(mode="after")
-    def _gap_fits(self) -> BcSection:
-        if self.observation == "visual" and self.frame_gap > self.data.length:
-            raise ValueError("frame_gap must be <= data.length")
-        return self
-
-    @property
-    def first_step(self) -> int:
-        """The first step with a full observation (visual needs the frame ``frame_gap`` back)."""
-        return self.frame_gap if self.observation == "visual" else 0
+PAD = "action" + PAD_SUFFIX
 
 
 class BcPlugin:
-    """Behavior cloning: MSE between the policy's force and the expert's, in N^2."""
+    """Behavior cloning: a policy from observation windows to action chunks."""
 
     def __init__(self) -> None:
-        self._splits: SplitCache[Demonstrations] = SplitCache()
-
-    def _demos(self, cfg: BcSection, split: str) -> Demonstrations:
-        return self._splits.get(cfg, split, cfg.data.make)
+        self._data: TrainingData | None = None
 
     @hookimpl
     def recipe_sections(self) -> dict[str, type[BaseModel]]:
-        return {SECTION: BcSection}
+        return dict(SECTIONS)
+
+    # -------------------------------------------------------------- construction
 
     @hookimpl
     def build_model(self, trainer: Any) -> torch.nn.Module:
         cfg: BcSection = trainer.section(SECTION)
-        demos = self._demos(cfg, "train")
-        scale = float(demos.actions.std())
+        data_cfg: BcDataSection = trainer.section("data")
+        if cfg.rollouts and data_cfg.path is not None:
+            raise RecipeError(
+                "bc.rollouts: closed-loop rollouts simulate the expert's cart-pole; a dataset "
+                "path has no simulator here, set bc.rollouts: 0"
+            )
+        data = open_data(cfg, data_cfg, trainer)
+        offsets = offsets_of(cfg, data)
+        data.require_anchors(offsets, "train")
+        if data.split.validation:
+            data.require_anchors(offsets, "validation")
+        stats = data.statistics
+        observation = (
+            (stats["observation"]["mean"], stats["observation"]["std"])
+            if "observation" in data.layouts
+            else (np.zeros(0), np.ones(0))
+        )
+        action = (stats["action"]["mean"], stats["action"]["std"])
         if cfg.observation == "state":
-            states = demos.states.reshape(-1, 4)
-            model = StatePolicy(states.mean(0), states.std(0) + 1e-6, scale, cfg.hidden)
+            model: Policy = StatePolicy(
+                observation, action, history=cfg.history, chunk=cfg.chunk, hidden=cfg.hidden
+            )
         else:
-            model = VisualPolicy(scale, cfg.channels, cfg.hidden)
+            shapes = [data.layouts[role].shape for role in cameras(data)]
+            model = VisualPolicy(
+                observation,
+                action,
+                cameras=[(int(h), int(w), int(c)) for h, w, c in shapes],
+                history=cfg.history,
+                chunk=cfg.chunk,
+                channels=cfg.channels,
+                hidden=cfg.hidden,
+            )
+        self._data = data
         return model.to(DTYPES[cfg.precision])
+
+    # -------------------------------------------------------------- every update
 
     @hookimpl
     def sample(self, trainer: Any, generator: torch.Generator) -> dict[str, torch.Tensor]:
         cfg: BcSection = trainer.section(SECTION)
-        demos = self._demos(cfg, "train")
-        size = (trainer.config.batch_size,)
-        episode = torch.randint(0, demos.num_episodes, size, generator=generator).numpy()
-        t = torch.randint(cfg.first_step, demos.length + 1, size, generator=generator).numpy()
-        return _batch(cfg, demos, episode, t, trainer.device)
+        data = self._require_data()
+        window = data.sample(offsets_of(cfg, data), trainer.config.batch_size, generator)
+        return to_batch(window, DTYPES[cfg.precision], trainer.device)
 
     @hookimpl
     def objective(self, trainer: Any, model: torch.nn.Module, batch: dict) -> LossResult:
-        err = model(batch["obs"]) - batch["action"]
-        return LossResult(loss=err.square().mean(), weight=err.numel())
+        loss, weight = masked_error(model, batch)
+        return LossResult(loss=loss / max(weight, 1), weight=weight)
+
+    # -------------------------------------------------------------- validation
 
     @hookimpl
     def validate(self, trainer: Any, model: torch.nn.Module, step: int) -> dict[str, float]:
+        data = self._data
+        if data is None or not data.split.validation:
+            return {}
         cfg: BcSection = trainer.section(SECTION)
-        demos = self._demos(cfg, "val")
-        t = np.arange(cfg.first_step, demos.length + 1, cfg.val_stride)
-        episode = np.repeat(np.arange(demos.num_episodes), len(t))
-        batch = _batch(cfg, demos, episode, np.tile(t, demos.num_episodes), trainer.device)
-        metrics = {"mse": float((model(batch["obs"]) - batch["action"]).square().mean())}
+        net = _unwrap(model)
+        dtype = next(net.parameters()).dtype
+        device = next(net.parameters()).device
+        offsets = offsets_of(cfg, data)
+        anchors = data.require_anchors(offsets, "validation")[:: cfg.val_stride]
+        total, count = 0.0, 0
+        with torch.no_grad():
+            for start in range(0, len(anchors), cfg.val_batch):
+                window = data.read(offsets, anchors[start : start + cfg.val_batch])
+                error, weight = masked_error(net, to_batch(window, dtype, device))
+                total, count = total + float(error.double()), count + weight
+        metrics = {"mse": total / max(count, 1)}
         if cfg.rollouts:
-            metrics["balanced"] = _balanced_fraction(cfg, demos, model, trainer.device)
+            starts = _validation_starts(data, cfg.rollouts)
+            max_force = trainer.section("data").demos.max_force
+            act = _policy_on(net, data, dtype, device)
+            with torch.no_grad():
+                metrics["balanced"] = balanced_fraction(cfg, starts, act, max_force)
         return metrics
 
-
-def _observe(cfg: BcSection, now: np.ndarray, before: np.ndarray | None) -> np.ndarray:
-    if cfg.observation == "state":
-        return now
-    return render(np.stack([before, now], axis=1))
-
-
-def _batch(cfg, demos: Demonstrations, episode, t, device) -> dict[str, torch.Tensor]:
-    before = demos.states[episode, t - cfg.frame_gap] if cfg.observation == "visual" else None
-    obs = _observe(cfg, demos.states[episode, t], before)
-    dtype = DTYPES[cfg.precision]
-    return {
-        "obs": torch.as_tensor(obs, dtype=dtype, device=device),
-        "action": torch.as_tensor(demos.actions[episode, t], dtype=dtype, device=device),
-    }
+    def _require_data(self) -> TrainingData:
+        if self._data is None:
+            raise RuntimeError("the bc plugin's build_model has not run")
+        return self._data
 
 
-def _balanced_fraction(cfg: BcSection, demos: Demonstrations, model, device) -> float:
-    """Closed loop: the share of rollouts from validation starts whose pole stays upright.
+def masked_error(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[Any, int]:
+    """The summed squared error of the normalized action chunk over its real steps, and
+    how many target elements are real (padded steps count zero)."""
+    prediction = model(batch)
+    target = _unwrap(model).normalize_action(batch["action"])
+    real = (~batch[PAD]).to(prediction.dtype)[..., None].expand_as(prediction)
+    return ((prediction - target).square() * real).sum(), int(real.sum().item())
 
-    The policy drives the simulator for ``rollout_steps`` from the first
-    ``rollouts`` validation initial states (the visual policy sees the start state
-    as its earlier frame until it has ``frame_gap`` steps of history); a rollout is
-    balanced when ``|theta|`` stays below ``balance_angle`` throughout.
+
+def _unwrap(model: torch.nn.Module) -> Policy:
+    inner = getattr(model, "module", model)
+    if not isinstance(inner, Policy):
+        raise TypeError(f"the bc plugin expects a Policy, got {type(inner).__name__}")
+    return inner
+
+
+# ------------------------------------------------------------------ cart-pole rollouts
+
+
+def _validation_starts(data: TrainingData, count: int) -> np.ndarray:
+    """The initial states ``[n, 4]`` of the first ``count`` validation episodes."""
+    episodes = data.split.validation[:count]
+    return np.stack([np.asarray(data.dataset.read(STATE, e, 0, 1))[0] for e in episodes])
+
+
+def _policy_on(
+    net: Policy, data: TrainingData, dtype: torch.dtype, device: torch.device
+) -> Callable[[np.ndarray], np.ndarray]:
+    """The policy as a function of cart-pole state histories ``[B, K, 4]``: it sees what
+    it was trained on (the state and/or the rendered frames) and returns the first
+    force of its chunk ``[B]``."""
+    layouts = data.layouts
+    if "observation" in layouts and layouts["observation"].features != (STATE,):
+        raise RecipeError("bc.rollouts: the observation role must be the demonstrations' state")
+    views = cameras(data)
+    if any(layouts[role].features != (IMAGE,) for role in views):
+        raise RecipeError("bc.rollouts: the camera must be the demonstrations' image")
+
+    def act(history: np.ndarray) -> np.ndarray:
+        window: dict[str, np.ndarray] = {"action": np.zeros((len(history), 1, 1))}
+        if "observation" in layouts:
+            window["observation"] = history
+        for role in views:
+            window[role] = np.round(render(history) * 255).astype(np.uint8)[..., None]
+        batch = to_batch(window, dtype, device)
+        return net.act(batch)[:, 0, 0].double().cpu().numpy()
+
+    return act
+
+
+def balanced_fraction(
+    cfg: BcSection,
+    starts: np.ndarray,
+    act: Callable[[np.ndarray], np.ndarray],
+    max_force: float,
+) -> float:
+    """Closed loop: the share of rollouts from ``starts`` whose pole stays upright.
+
+    ``act`` drives the simulator for ``rollout_steps`` from state histories at the
+    policy's offsets (before the start, the start state repeats, as a padded window
+    repeats an episode's first step); the first force of each chunk is applied. A
+    rollout is balanced when ``|theta|`` stays below ``balance_angle`` throughout.
     """
-    states = [np.asarray(demos.states[: cfg.rollouts, 0])]
-    upright = np.ones(len(states[0]), dtype=bool)
-    for step in range(cfg.rollout_steps):
-        before = states[max(step - cfg.frame_gap, 0)]
-        obs = _observe(cfg, states[-1], before)
-        obs = torch.as_tensor(obs, dtype=DTYPES[cfg.precision], device=device)
-        force = model(obs)[:, 0].double().cpu().numpy()
-        force = np.clip(force, -cfg.data.max_force, cfg.data.max_force)
+    steps = np.asarray(cfg.offsets()["observation"])
+    states = [np.asarray(starts, dtype=np.float64)]
+    upright = np.ones(len(starts), dtype=bool)
+    for now in range(cfg.rollout_steps):
+        history = np.stack([states[max(now + int(o), 0)] for o in steps], axis=1)
+        force = np.clip(act(history), -max_force, max_force)
         states.append(cartpole_step(states[-1], force))
         upright &= np.abs(states[-1][:, 1]) < cfg.balance_angle
     return float(upright.mean())
