@@ -13,11 +13,12 @@ one model plugin (``plugin:``). Lifecycle, on every rank unless stated
 1. Configuration: :func:`recipe_sections` (which recipe sections a plugin owns).
 2. Construction: :func:`build_model`, :func:`configure_optimizers`.
 3. Resume: :func:`load_state_dict` (once, before the first update).
-4. Every update: :func:`sample` -> :func:`objective` -> :func:`scale_loss`
+4. Admission: :func:`admit` (refuse the run before rank 0 writes anything).
+5. Every update: :func:`sample` -> :func:`objective` -> :func:`scale_loss`
    -> optimizer step -> :func:`on_commit`.
-5. Boundaries: :func:`state_dict` (every rank), :func:`validate` (rank 0 only).
-6. Reporting: :func:`on_log` (rank 0, each metrics line), :func:`on_fit_end`.
-7. Outside training: :func:`export`.
+6. Boundaries: :func:`state_dict` (every rank), :func:`validate` (rank 0 only).
+7. Reporting: :func:`on_log` (rank 0, each metrics line), :func:`on_fit_end`.
+8. Outside training: :func:`export`.
 
 Calling order. pluggy calls the most recently registered plugin first, and the
 registry registers so that the **model plugin is called first**, then the
@@ -209,6 +210,29 @@ def load_state_dict(trainer: Trainer, state: dict[str, Any]) -> None:
 
     :param trainer: this rank's :class:`Trainer`.
     :param state: what :func:`state_dict` contributed on this rank, all plugins merged.
+    """
+
+
+# --------------------------------------------------------------------------
+# Admission
+# --------------------------------------------------------------------------
+
+
+@hookspec
+def admit(trainer: Trainer) -> None:
+    """Refuse a run this plugin could not serve, before anything is written.
+
+    Called on every rank once, every plugin, at the end of admission: after the
+    model and optimizer are built and a resume's state is loaded, before rank 0
+    claims the run directory (run.json, metrics.jsonl). Check what the plugin
+    will need later (a directory it will write into, on rank 0:
+    ``trainer.is_main``; a file it will read) and raise :class:`slhub.SlhubError`
+    naming the recipe key: every rank fails together with that one line, and no
+    artifact is left behind. Write nothing here: ``trainer.output_dir`` may not
+    exist yet and ``trainer.run_id`` is None.
+
+    :param trainer: this rank's :class:`Trainer`.
+    :returns: nothing; raise to refuse the run.
     """
 
 

@@ -5,8 +5,9 @@
 2. Admission, on every rank: plugins, sections, the resume plan
    (:func:`slhub.checkpoint.plan_resume`: the checkpoint every rank resumes
    from, read by rank 0 and checked against this run), the model and optimizer
-   (:class:`slhub.trainer.Loop`), the checkpoint loaded into them. Every rank
-   agrees that every rank was admitted, or all fail with one message.
+   (:class:`slhub.trainer.Loop`), the checkpoint loaded into them, then every
+   plugin's ``admit`` hook. Every rank agrees that every rank was admitted, or
+   all fail with one message.
 3. Rank 0 locks the run directory for the run's life, then claims a fresh one
    and writes the identity (run.json), or reopens the checkpoint's own run in
    place (appending a resume marker to metrics.jsonl). Agreed again.
@@ -259,6 +260,7 @@ def _admit(
         loop = Loop(recipe, plugins, device)
         if plan.checkpoint is not None:
             loop.resume_from(plan.checkpoint, request.allow_dataset_change)
+        loop.hook.admit(trainer=loop)  # the plugins' last word, before any artifact
     except Exception as exc:  # noqa: BLE001 - held for the agreement
         return run_lock, None, None, _logged(exc)
     return run_lock, loop, plan, None

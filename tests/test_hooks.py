@@ -220,6 +220,35 @@ def test_hook_load_state_dict(tmp_path: Path):
     assert commits == [3, 4]
 
 
+class RefusesAtAdmission:
+    """Refuses the run in ``admit`` (when ``refuse``), naming what it saw of the trainer."""
+
+    def __init__(self, refuse: bool = True) -> None:
+        self.refuse = refuse
+
+    @hookimpl
+    def admit(self, trainer) -> None:
+        if self.refuse:
+            raise SlhubError(f"refused at update {trainer.step}, run_id {trainer.run_id}")
+
+
+def test_hook_admit(tmp_path: Path):
+    """Called after the model is built and a resume's state loaded, before rank 0 writes
+    anything: a refusal leaves no output directory (fresh) and no new artifact (resume)."""
+    out = tmp_path / "o"
+    with pytest.raises(SlhubError, match="refused at update 0, run_id None"):
+        train(str(SL_DDP), [*SHORT, f"trainer.output_dir={out}"], plugins=[RefusesAtAdmission()])
+    assert not out.exists()
+    first = tmp_path / "first"
+    train(str(SL_DDP), [*SHORT, f"trainer.output_dir={first}"],
+          plugins=[RefusesAtAdmission(refuse=False)])  # fmt: skip
+    resumed = tmp_path / "r"
+    with pytest.raises(SlhubError, match="refused at update 2, run_id None"):
+        train(str(SL_DDP), [*SHORT, f"trainer.output_dir={resumed}"],
+              plugins=[RefusesAtAdmission()], resume=str(first / "step_2.pt"))  # fmt: skip
+    assert not resumed.exists()
+
+
 def test_hook_export(tmp_path: Path):
     """slhub export asks every installed plugin; a checkpoint none recognizes exits 2."""
     out = _run(tmp_path, "examples.sl_ddp.plugin:SlDdpPlugin", *SHORT)

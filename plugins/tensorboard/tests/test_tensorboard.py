@@ -9,6 +9,7 @@ value rounded to float32, exactly.
 
 from __future__ import annotations
 
+import os
 import shutil
 import struct
 import time
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytest
 import slhub
-from slhub import SlhubError, hookimpl, read_metrics
+from slhub import SlhubError, cli, hookimpl, read_metrics
 from slhub.testing import STOP_AT_ENV, StandInTrainer, hooks_of
 from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
 from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
@@ -224,3 +225,46 @@ def test_a_new_event_file_sorts_after_one_created_this_second(tmp_path: Path):
     started = time.monotonic()
     assert not wait_for_later_name(tmp_path, limit_s=0.1)
     assert time.monotonic() - started < 1.0
+
+
+@pytest.mark.parametrize("case", ["file", "under_a_file", "read_only"])
+def test_an_unwritable_log_dir_is_refused_before_any_artifact(
+    tmp_path: Path, capsys, importable_examples, case: str
+):
+    """Refused at admission, in one line naming tensorboard.log_dir: the writer opens
+    only at the first metrics line, which left run.json and metrics.jsonl behind."""
+    blocker = tmp_path / "blocker"
+    if case == "read_only":
+        blocker.mkdir(mode=0o555)
+        if os.access(blocker, os.W_OK):
+            pytest.skip("this user writes into read-only directories (root)")
+    else:
+        blocker.write_text("a regular file\n")
+    log_dir = blocker if case == "file" else blocker / "events"
+    out = tmp_path / "out"
+    sets = [*OVERRIDES, f"trainer.output_dir={out}", 'plugins=["tensorboard"]',
+            f"tensorboard.log_dir={log_dir}"]  # fmt: skip
+    code = cli.main(["train", "--config", str(RECIPE), *(a for s in sets for a in ("--set", s))])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    (line,) = err.splitlines()
+    reason = "is not writable" if case == "read_only" else f"{blocker} is not a directory"
+    assert line.startswith(f"slhub: error: tensorboard.log_dir: cannot write event files into "
+                           f"{log_dir}: {reason}"), line  # fmt: skip
+    assert not out.exists()
+
+
+def test_only_rank_0_checks_the_log_dir(tmp_path: Path):
+    """Other ranks never touch the run directory, nor a log_dir on rank 0's disk."""
+    (tmp_path / "file").write_text("x")
+    for rank in (1, 0):
+        plugin = TensorBoardLogger()
+        trainer = StandInTrainer(
+            plugin, {"tensorboard": {"log_dir": "file/tb"}}, rank=rank, output_dir=str(tmp_path)
+        )
+        if rank == 0:
+            with pytest.raises(SlhubError, match="is not a directory"):
+                hooks_of(plugin).admit(trainer=trainer)
+        else:
+            hooks_of(plugin).admit(trainer=trainer)
+    assert not (tmp_path / "file" / "tb").exists()

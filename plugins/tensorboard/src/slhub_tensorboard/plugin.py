@@ -120,6 +120,33 @@ def wait_for_later_name(log_dir: Path, limit_s: float = MAX_NAME_WAIT_S) -> bool
     return True
 
 
+def log_dir_of(trainer: Trainer) -> Path:
+    """Where the event files go: ``tensorboard.log_dir``, relative to the output directory."""
+    return Path(trainer.output_dir) / trainer.section(SECTION).log_dir
+
+
+def check_writable(log_dir: Path) -> None:
+    """Refuse, in one line naming ``tensorboard.log_dir``, a directory that could not be
+    made or written: it, or the nearest folder of it that exists, must be a directory
+    this process may write into. Nothing is created."""
+    existing = log_dir
+    try:
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        problem = None
+        if not existing.is_dir():
+            problem = f"{existing} is not a directory"
+        elif not os.access(existing, os.W_OK | os.X_OK):
+            problem = f"{existing} is not writable (read-only, or another user's)"
+    except (OSError, ValueError) as exc:
+        problem = str(exc)
+    if problem is not None:
+        raise SlhubError(
+            f"{SECTION}.log_dir: cannot write event files into {log_dir}: {problem}; "
+            "choose a writable directory"
+        )
+
+
 class TensorBoardLogger:
     """Writes every metrics line of rank 0 as TensorBoard scalars (one instance per run)."""
 
@@ -129,6 +156,13 @@ class TensorBoardLogger:
     @hookimpl
     def recipe_sections(self) -> dict[str, type[BaseModel]]:
         return {SECTION: TensorBoardSection}
+
+    @hookimpl
+    def admit(self, trainer: Trainer) -> None:
+        """Rank 0 refuses a ``log_dir`` it could not write before the run writes anything:
+        the writer opens only at the first metrics line, too late for one line."""
+        if trainer.is_main:
+            check_writable(log_dir_of(trainer))
 
     @hookimpl
     def on_log(self, trainer: Trainer, step: int, metrics: dict[str, Any]) -> None:
@@ -157,7 +191,7 @@ class TensorBoardLogger:
         from torch.utils.tensorboard import SummaryWriter
 
         section: TensorBoardSection = trainer.section(SECTION)
-        log_dir = Path(trainer.output_dir) / section.log_dir
+        log_dir = log_dir_of(trainer)
         try:
             log_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
