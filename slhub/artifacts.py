@@ -203,14 +203,22 @@ def claim(folder: Path, identity: dict[str, Any]) -> None:
             "--overwrite to move them aside"
         )
     try:
-        with open(folder / RUN_FILE, "x", encoding="utf-8") as handle:
+        handle = open(folder / RUN_FILE, "x", encoding="utf-8")  # noqa: SIM115 - closed below
+    except FileExistsError:
+        raise ArtifactError(f"{folder}: another run claimed this directory first") from None
+    except OSError as exc:
+        raise ArtifactError(
+            f"{folder}: cannot write {RUN_FILE} into trainer.output_dir "
+            f"({exc.strerror or exc}); choose a writable directory"
+        ) from None
+    try:
+        with handle:
             json.dump(identity, handle, indent=2, sort_keys=True, default=str)
             handle.write("\n")
             handle.flush()
             os.fsync(handle.fileno())
-    except FileExistsError:
-        raise ArtifactError(f"{folder}: another run claimed this directory first") from None
-    except OSError as exc:
+    except OSError as exc:  # a full disk: the run.json begun here is no claim, remove it
+        (folder / RUN_FILE).unlink(missing_ok=True)
         raise ArtifactError(
             f"{folder}: cannot write {RUN_FILE} into trainer.output_dir "
             f"({exc.strerror or exc}); choose a writable directory"

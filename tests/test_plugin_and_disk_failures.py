@@ -51,19 +51,30 @@ class _FullDisk(io.TextIOWrapper):
         raise OSError(errno.ENOSPC, "No space left on device")
 
 
-def test_a_full_disk_when_the_lock_is_created_is_one_line(capsys, monkeypatch, tmp_path: Path):
+@pytest.mark.parametrize("name", [artifacts.LOCK_FILE, artifacts.RUN_FILE])
+def test_a_full_disk_at_admission_is_one_line_and_leaves_no_artifact(
+    capsys, monkeypatch, tmp_path: Path, name: str
+):
+    """The disk fills when the lock records its holder, or when run.json is written: one
+    line naming the file, and a run.json begun is removed (else the next try would find
+    the directory holding run artifacts)."""
     out = tmp_path / "out"
     real_open = open
 
-    def full_for_the_lock(path: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
-        if Path(path).name == artifacts.LOCK_FILE:
-            return _FullDisk(real_open(path, mode.replace("+", "") + "b+"), encoding="utf-8")
+    def full_for(path: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if Path(path).name == name:
+            binary = mode.replace("+", "").replace("t", "") + "b+"
+            return _FullDisk(real_open(path, binary), encoding="utf-8")
         return real_open(path, mode, *args, **kwargs)
 
-    monkeypatch.setattr(artifacts, "open", full_for_the_lock, raising=False)
+    monkeypatch.setattr(artifacts, "open", full_for, raising=False)
     line = cli_error(capsys, "train", "--config", str(SL_DDP), *SHORT,
                      "--set", f"trainer.output_dir={out}")  # fmt: skip
-    assert f"{out / artifacts.LOCK_FILE}: " in line and "(No space left on device)" in line
+    assert "(No space left on device)" in line and str(out) in line
+    if name == artifacts.LOCK_FILE:
+        assert f"{out / artifacts.LOCK_FILE}: cannot write the run directory's lock" in line
+    else:
+        assert f"{out}: cannot write run.json into trainer.output_dir" in line
     assert _artifacts(out) == [artifacts.LOCK_FILE]  # no run.json, no metrics.jsonl
 
 
