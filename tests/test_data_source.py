@@ -280,3 +280,79 @@ def test_nerd_bad_data_is_one_line_and_leaves_no_run(tmp_path, capsys, features,
     line = cli_error(capsys, "train", "--config", str(recipe))
     assert match in line, line
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+# --------------------------------------------------------------------------- decode ahead
+
+
+def _video_stream(tmp_path: Path, workers: int, ahead: int = 2):
+    dataset = _copy("lerobot_v30", tmp_path / f"w{workers}")
+    roles = {"image": Role(default=("observation.images.front",), image=True)}
+    data = _open(dataset, roles, decode={"workers": workers, "ahead": ahead})
+    return data.stream({"image": range(-1, 1)}, 4)
+
+
+def test_video_decoded_ahead_on_threads_equals_decoding_inline(tmp_path):
+    inline, threaded = _video_stream(tmp_path, 0), _video_stream(tmp_path, 2)
+    one, two = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
+    try:
+        for _ in range(4):
+            a, b = inline.next(one), threaded.next(two)
+            assert np.array_equal(a["anchors"], b["anchors"])
+            assert a["image"].dtype == np.uint8 and a["image"].shape == (4, 2, 48, 48, 3)
+            assert np.array_equal(a["image"], b["image"])
+        assert torch.equal(one.get_state(), two.get_state())
+        # the drawn-ahead anchors are the stream's state: a new stream continues exactly
+        state, generator = threaded.state_dict(), two.get_state()
+        assert state["pending"].shape == (2, 4, 2)
+        expected = threaded.next(two)
+        resumed = _video_stream(tmp_path / "again", 2)
+        resumed.load_state_dict(state)
+        again = resumed.next(torch.Generator().set_state(generator))
+        assert np.array_equal(again["image"], expected["image"])
+    finally:
+        for stream in (inline, threaded):
+            stream.close()
+
+
+def test_nerd_with_windows_drawn_ahead_resumes_exactly_whatever_the_workers(tmp_path):
+    from slhub import checkpoint
+    from slhub.testing import assert_same_state
+
+    dataset = _copy("replay.zarr", tmp_path)
+    recipe = _nerd_recipe(tmp_path, dataset, FORMATS["replay.zarr"])
+    finals = []
+    for workers in (0, 2):
+        overrides = [f"data.decode.workers={workers}", "data.decode.ahead=2"]
+        check = check_resume_and_revalidate(
+            recipe, NerdPlugin(), stop_at=3, workdir=tmp_path / f"runs{workers}",
+            in_process=True, overrides=overrides,
+        )  # fmt: skip
+        finals.append(check.final("resumed"))
+        assert finals[-1].ranks[0]["nerd"]["pending"].shape == (2, 8, 2)
+    assert_same_state(finals[0], finals[1])
+    assert checkpoint is not None
+
+
+def test_components_named_alike_by_two_features_are_qualified_by_feature(tmp_path):
+    episodes = [{"qpos": np.zeros((4, 2)), "qvel": np.ones((4, 2)), "u": np.zeros((4, 1))}]
+    names = {"qpos": ("slider", "hinge"), "qvel": ("slider", "hinge")}
+    store = write_store(ArrayEpisodes(episodes * 3, names=names), tmp_path / "q")
+    roles = {"state": Role(default=("qpos", "qvel")), "action": Role(default=("u",))}
+    data = _open(store, roles)
+    assert data.layouts["state"].names == ("qpos.slider", "qpos.hinge", "qvel.slider", "qvel.hinge")
+
+
+def test_nerd_on_a_dataset_resumes_exactly_on_two_gloo_workers(tmp_path):
+    from helpers import warm_launcher
+
+    dataset = _copy("robomimic.hdf5", tmp_path)
+    recipe = _nerd_recipe(tmp_path, dataset, FORMATS["robomimic.hdf5"])
+    check = check_resume_and_revalidate(
+        recipe, NerdPlugin(), stop_at=int(np.random.default_rng().integers(2, 6)),
+        workdir=tmp_path / "runs", workers=2, launcher=warm_launcher, cwd=REPO,
+    )  # fmt: skip
+    final = check.final("resumed")
+    assert final.world_size == 2 and len(final.ranks) == 2
+    # each rank draws its own windows: their sampler streams differ
+    assert not torch.equal(final.ranks[0]["sampler"], final.ranks[1]["sampler"])

@@ -63,6 +63,7 @@ from slhub.data.episodes import (
 from slhub.data.identity import Split, fingerprint, split_episodes
 from slhub.data.source import (
     DataSection,
+    DecodeSection,
     Role,
     RoleLayout,
     SplitSection,
@@ -72,6 +73,7 @@ from slhub.data.source import (
 from slhub.data.splits import SplitCache, split_seed
 from slhub.data.statistics import feature_statistics
 from slhub.data.store import StoreDataset, write_store
+from slhub.data.stream import WindowStream
 from slhub.data.windows import PAD_SUFFIX, Window, sample_anchors
 
 __all__ = [
@@ -84,6 +86,8 @@ __all__ = [
     "SplitSection",
     "TrainingData",
     "WindowSection",
+    "WindowStream",
+    "DecodeSection",
     "Feature",
     "PAD_SUFFIX",
     "READER_GROUP",

@@ -30,7 +30,7 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,6 +42,7 @@ from slhub.data.cache import cached_arrays
 from slhub.data.episodes import AUTO, EpisodeDataset, open_dataset
 from slhub.data.identity import Split, fingerprint, split_episodes
 from slhub.data.statistics import feature_statistics
+from slhub.data.stream import WindowStream
 from slhub.data.windows import PAD_SUFFIX, Window, sample_anchors
 from slhub.errors import DatasetError, RecipeError
 
@@ -77,6 +78,18 @@ class WindowSection(BaseModel):
     )
 
 
+class DecodeSection(BaseModel):
+    """``data.decode``: windows decoded ahead of the loop (results never depend on
+    ``workers``; ``ahead`` is part of the draw order, so of the run's identity)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    workers: int = Field(default=0, ge=0, le=64, description="decode threads; 0: inline")
+    ahead: int = Field(
+        default=0, ge=0, le=64, description="batches drawn and decoded ahead of the update"
+    )
+
+
 class DataSection(BaseModel):
     """``data``: a recorded dataset, its split, its windows and which features fill each role."""
 
@@ -86,6 +99,7 @@ class DataSection(BaseModel):
     format: str = AUTO
     split: SplitSection = SplitSection()
     window: WindowSection = WindowSection()
+    decode: DecodeSection = DecodeSection()
     features: dict[str, list[str]] = Field(default_factory=dict)
 
     @field_validator("path")
@@ -146,6 +160,7 @@ class TrainingData:
     statistics: dict[str, dict[str, np.ndarray]]
     window: WindowSection = field(default_factory=WindowSection)
     identity: dict[str, Any] = field(default_factory=dict)
+    decode: DecodeSection = field(default_factory=DecodeSection)
     _anchors: dict[tuple[Any, ...], np.ndarray] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -194,7 +209,7 @@ class TrainingData:
         statistics = _cached_statistics(dataset, identity, split, layouts)
         if trainer is not None:
             trainer.record_dataset(record_as, dataset, split)
-        return cls(dataset, split, layouts, statistics, section.window, identity)
+        return cls(dataset, split, layouts, statistics, section.window, identity, section.decode)
 
     def cached(
         self,
@@ -283,6 +298,20 @@ class TrainingData:
         out["anchors"] = np.asarray(anchors, dtype=np.int64)
         return out
 
+    def stream(self, offsets: Mapping[str, Sequence[int]], batch_size: int) -> WindowStream:
+        """Training batches of ``offsets`` decoded ahead as ``data.decode`` says."""
+        return WindowStream(
+            self, offsets, batch_size, ahead=self.decode.ahead, workers=self.decode.workers
+        )
+
+    def reopened(self) -> TrainingData:
+        """This data with its own reader of the same files (a decode thread's private
+        handles); an in-memory dataset is shared as it is (its reads touch no files)."""
+        if not Path(self.dataset.path).exists():
+            return self
+        reader = open_dataset(self.dataset.path, self.dataset.format)
+        return replace(self, dataset=reader, _anchors={})
+
     def _window(self, offsets: Mapping[str, Sequence[int]]) -> Window:
         features: dict[str, tuple[int, ...]] = {}
         for role, steps in offsets.items():
@@ -305,7 +334,7 @@ def _layout(dataset: EpisodeDataset, role: str, chosen: tuple[str, ...], spec: R
                 f"got {shapes}"
             )
         return RoleLayout(role, chosen, chosen, image=True, shape=tuple(features[0].shape))
-    names: list[str] = []
+    per_feature: list[list[str]] = []
     for name, feature in zip(chosen, features):
         if feature.is_image or len(feature.shape) > 1:
             raise DatasetError(
@@ -318,11 +347,18 @@ def _layout(dataset: EpisodeDataset, role: str, chosen: tuple[str, ...], spec: R
                 "not a number"
             )
         if not feature.shape:
-            names.append(name)
+            per_feature.append([name])
         elif feature.names and len(feature.names) == feature.shape[0]:
-            names.extend(feature.names)
+            per_feature.append(list(feature.names))
         else:
-            names.extend(f"{name}[{i}]" for i in range(feature.shape[0]))
+            per_feature.append([f"{name}[{i}]" for i in range(feature.shape[0])])
+    names = [n for part in per_feature for n in part]
+    if len(set(names)) != len(names):  # qpos and qvel both name their joints
+        names = [
+            n if n.startswith(f"{feature}[") or n == feature else f"{feature}.{n}"
+            for feature, part in zip(chosen, per_feature)
+            for n in part
+        ]
     return RoleLayout(role, chosen, tuple(names))
 
 

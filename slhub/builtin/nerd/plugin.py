@@ -38,7 +38,7 @@ from slhub.builtin.nerd.sections import (
     ModelSection,
     ValidationSection,
 )
-from slhub.data import TrainingData
+from slhub.data import TrainingData, WindowStream
 
 if TYPE_CHECKING:
     from slhub.export import Checkpoint
@@ -51,6 +51,7 @@ class NerdPlugin:
         self._data: TrainingData | None = None
         self._layout: NerdLayout | None = None
         self._mask: torch.Tensor | None = None
+        self._stream: WindowStream | None = None
 
     @hookimpl
     def recipe_sections(self) -> dict[str, type[BaseModel]]:
@@ -83,15 +84,17 @@ class NerdPlugin:
         model = NerdModel(arch, layout).to(DTYPES[model_cfg.precision])
         model.set_normalization(*normalization(data, layout))
         self._data, self._layout = data, layout
+        self._stream = data.stream(window_offsets(layout, arch.history), trainer.config.batch_size)
         return model
 
     # -------------------------------------------------------------- every update
 
     @hookimpl
     def sample(self, trainer: Any, generator: torch.Generator) -> dict[str, torch.Tensor]:
-        data, layout = self._require_data()
+        _, layout = self._require_data()
+        assert self._stream is not None
         history = trainer.section("model").history
-        window = data.sample(window_offsets(layout, history), trainer.config.batch_size, generator)
+        window = self._stream.next(generator)
         tokens, delta = tokens_of(window, layout, history)
         dtype = DTYPES[trainer.section("model").precision]
         return {
@@ -111,6 +114,18 @@ class NerdPlugin:
             batch_mask(self._mask, batch, tokens),
         )
         return LossResult(loss=loss, weight=weight)
+
+    @hookimpl
+    def state_dict(self, trainer: Any) -> dict[str, Any] | None:
+        """The windows drawn ahead of the loop (``data.decode.ahead``), if any."""
+        if self._stream is None or not self._stream.ahead:
+            return None
+        return {"nerd": self._stream.state_dict()}
+
+    @hookimpl
+    def load_state_dict(self, trainer: Any, state: dict[str, Any]) -> None:
+        if self._stream is not None and "nerd" in state:
+            self._stream.load_state_dict(state["nerd"])
 
     # -------------------------------------------------------------- validation
 

@@ -1,0 +1,106 @@
+"""Training windows decoded ahead of the loop, with anchors still drawn by the trainer.
+
+Decoding video or images can cost more than an update, so a :class:`WindowStream`
+keeps ``ahead`` batches of anchors drawn and their windows decoding on ``workers``
+threads while the loop trains on the current one. Exactness does not depend on the
+worker count: the anchors of batch ``n + ahead`` are drawn with the trainer's
+generator when batch ``n`` is taken, whatever ``workers`` is (0 decodes in the
+caller's thread, when the batch is taken), and a window is a pure function of its
+anchors. The drawn-but-unused anchors are the stream's state: the plugin saves them
+with :meth:`WindowStream.state_dict` beside the generator's state, so a resumed run
+decodes exactly the batches the uninterrupted run would have.
+
+Each worker thread opens its own reader of the dataset (file handles and video
+decoders are not shared between threads).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from slhub.data.windows import sample_anchors
+
+if TYPE_CHECKING:
+    from slhub.data.source import TrainingData
+
+
+class WindowStream:
+    """Batches of training windows: drawn in order with the trainer's generator,
+    decoded ``ahead`` batches in advance on ``workers`` threads."""
+
+    def __init__(
+        self,
+        data: TrainingData,
+        offsets: Mapping[str, Sequence[int]],
+        batch_size: int,
+        *,
+        ahead: int = 1,
+        workers: int = 0,
+    ) -> None:
+        self.data = data
+        self.offsets = {role: tuple(int(o) for o in steps) for role, steps in offsets.items()}
+        self.batch_size = int(batch_size)
+        self.ahead = int(ahead)
+        self.workers = int(workers)
+        self._anchors = data.require_anchors(self.offsets, "train")
+        self._pending: deque[np.ndarray] = deque()
+        self._decoding: deque[Future[dict[str, Any]] | None] = deque()
+        self._local = threading.local()
+        self._pool = (
+            ThreadPoolExecutor(self.workers, thread_name_prefix="slhub-decode")
+            if self.workers
+            else None
+        )
+
+    def next(self, generator: torch.Generator) -> dict[str, Any]:
+        """The next batch of windows (see :meth:`TrainingData.read`); draws the anchors
+        of the batch ``ahead`` later with ``generator``."""
+        while len(self._pending) < self.ahead + 1:
+            self._push(self._draw(generator))
+        anchors = self._pending.popleft()
+        future = self._decoding.popleft()
+        return future.result() if future is not None else self.data.read(self.offsets, anchors)
+
+    def _draw(self, generator: torch.Generator) -> np.ndarray:
+        by = self.data.window.sample
+        return sample_anchors(self._anchors, self.batch_size, generator, by=by)
+
+    def _push(self, anchors: np.ndarray) -> None:
+        self._pending.append(anchors)
+        self._decoding.append(self._pool.submit(self._read, anchors) if self._pool else None)
+
+    def _read(self, anchors: np.ndarray) -> dict[str, Any]:
+        reader = getattr(self._local, "data", None)
+        if reader is None:
+            reader = self.data.reopened()
+            self._local.data = reader
+        return reader.read(self.offsets, anchors)
+
+    # ------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The anchors drawn but not yet trained on (``[n, batch, 2]`` int64)."""
+        pending = np.stack(list(self._pending)) if self._pending else np.zeros((0, 0, 2))
+        return {"pending": torch.from_numpy(np.asarray(pending, dtype=np.int64))}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue after the anchors a checkpoint's stream had drawn."""
+        pending = state["pending"]
+        self._pending.clear()
+        for future in self._decoding:
+            if future is not None:
+                future.cancel()
+        self._decoding.clear()
+        for anchors in np.asarray(pending.numpy() if hasattr(pending, "numpy") else pending):
+            self._push(np.asarray(anchors, dtype=np.int64))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
