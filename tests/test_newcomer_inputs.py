@@ -410,7 +410,7 @@ def test_tilde_in_plugin_owned_paths_is_the_home_directory():
     """``data.cache_dir`` (NeRD, RWM) and ``tensorboard.log_dir`` expand ``~`` too."""
     import os
 
-    from slhub_rwm.plugin import RwmData
+    from slhub_rwm.sections import DataSection as RwmData
     from slhub_tensorboard.plugin import TensorBoardSection
 
     from slhub.builtin.nerd.sections import DataSection

@@ -55,10 +55,9 @@ def _rwm(tmp: Path) -> dict[str, Any]:
     return {
         "rwm__horizon": 3,
         "rwm__precision": "float64",
-        "rwm__data__cache_dir": str(tmp / "cache"),
-        "rwm__data__train_trajectories": 8,
-        "rwm__data__val_trajectories": 2,
-        "rwm__data__length": 30,
+        "data__cache_dir": str(tmp / "cache"),
+        "data__train": {"num_trajectories": 8, "length": 30, "seed": 0},
+        "data__val": {"num_trajectories": 2, "length": 30, "seed": 1},
     }
 
 

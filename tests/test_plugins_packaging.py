@@ -37,7 +37,10 @@ EXAMPLES = {
     "rwm": (
         "rwm/cartpole.yaml",
         "slhub-rwm",
-        ["rwm.data.train_trajectories=8", "rwm.data.val_trajectories=2", "rwm.data.length=40"],
+        [
+            "data.train={num_trajectories: 8, length: 40, seed: 0}",
+            "data.val={num_trajectories: 2, length: 40, seed: 1}",
+        ],
     ),
     "rigidformer": (
         "rigidformer/boxes.yaml",

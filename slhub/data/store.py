@@ -133,7 +133,13 @@ def write_store(
     building.mkdir()
     try:
         _fill(source, building, progress, provenance)
-        os.replace(building, destination)
+        try:
+            os.replace(building, destination)
+        except OSError:
+            if not destination.is_dir():
+                raise
+            # another writer (a node's other rank) finished it first: the same refusal
+            raise DatasetError(f"{destination}: exists; convert writes a new directory") from None
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)
         raise

@@ -1,7 +1,9 @@
-"""Fixtures of the rwm tests: slhub's stand-in trainer and the repository root."""
+"""Fixtures of the rwm tests: slhub's stand-in trainer, the repository root and its
+shared reference datasets."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,15 +13,19 @@ from slhub_rwm.plugin import SECTION, RwmPlugin
 
 #: The slhub repository this package lives in: its examples/ and the recipes' cwd.
 REPO = Path(__file__).resolve().parents[3]
+#: Every reader's format, as the format's own library wrote it (tests/data/datasets/README.md).
+DATASETS = REPO / "tests" / "data" / "datasets"
 
 
 @pytest.fixture
 def make_trainer():
-    """``make_trainer(section, batch_size=8, seed=0)``: what the plugin's hooks receive as
-    ``trainer`` (:class:`slhub.testing.StandInTrainer`), holding ``section`` as ``rwm``."""
+    """``make_trainer(section, data, batch_size=8, seed=0)``: what the plugin's hooks
+    receive as ``trainer`` (:class:`slhub.testing.StandInTrainer`), holding ``section`` as
+    ``rwm`` and ``data`` as ``data``."""
 
-    def make(section, batch_size: int = 8, seed: int = 0) -> StandInTrainer:
-        return StandInTrainer(RwmPlugin(), {SECTION: section}, batch_size=batch_size, seed=seed)
+    def make(section, data, batch_size: int = 8, seed: int = 0) -> StandInTrainer:
+        sections = {SECTION: section, "data": data}
+        return StandInTrainer(RwmPlugin(), sections, batch_size=batch_size, seed=seed)
 
     return make
 
@@ -27,3 +33,20 @@ def make_trainer():
 @pytest.fixture
 def repo() -> Path:
     return REPO
+
+
+@pytest.fixture
+def copy_dataset(tmp_path):
+    """``copy_dataset(name)``: a reference dataset copied into ``tmp_path`` (the statistics
+    cache is written beside a dataset, never into the repository)."""
+
+    def copy(name: str) -> Path:
+        source, target = DATASETS / name, tmp_path / "datasets" / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            shutil.copytree(source, target)
+        else:
+            shutil.copy(source, target)
+        return target
+
+    return copy

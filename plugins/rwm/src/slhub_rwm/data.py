@@ -1,75 +1,169 @@
-"""Cart-pole windows for world-model training, drawn inside single episodes.
+"""RWM's view of its data: the roles it reads, its windows and its normalization.
 
-The trajectories come from slhub's public cart-pole helpers
-(:func:`slhub.data.ensure_dataset`): every row of
-``states [N, T+1, 4]`` / ``actions [N, T, 1]`` is one episode that starts from a
-reset. A window is ``(trajectory, start)``: ``span`` consecutive states of that
-one row and the ``span - 1`` actions between them, so a window never crosses an
-episode reset by construction (the starts are drawn in ``[0, T + 1 - span]``).
+RWM reads any dataset :mod:`slhub.data` opens through the one ``data:`` section:
+the ``state`` role (the components it predicts), ``action`` and optional ``extra``
+inputs, each filled by dataset features the recipe names. The cart-pole generator
+is one way to *make* such a dataset: without ``data.path`` its episodes are written
+once into slhub's store under ``data.cache_dir``.
+
+A window is anchored at the last context step: ``history`` states up to it and
+``horizon`` after it, with the inputs between them. :class:`slhub.data.TrainingData`
+keeps it inside one episode (only anchors whose whole window fits are drawn), so a
+window never crosses an episode reset.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
-from slhub.data import CartpoleData, state_deltas
+from slhub import DatasetError
+from slhub.data import STATE_NAMES, Role, TrainingData, wrap_angle
+from slhub.data import cartpole_store as store_of_cartpole
+
+from slhub_rwm.model import RwmLayout
+from slhub_rwm.sections import DataSection, RwmSection
+
+#: What RWM reads, by role; the defaults are the cart-pole store's feature names.
+ROLES = {
+    "state": Role(default=("state",)),
+    "action": Role(default=("action",)),
+    "extra": Role(required=False),
+}
+#: The cart-pole's state component that is an angle.
+CARTPOLE_ANGLE = "theta"
+#: The smallest standard deviation used to normalize (a constant feature stays finite).
+STD_FLOOR = 1e-6
 
 
-@dataclass(frozen=True)
-class Windows:
-    """Fixed-length windows over the episodes of a cart-pole split."""
-
-    data: CartpoleData
-    span: int
-
-    def __post_init__(self) -> None:
-        if self.span < 2 or self.span > self.data.length + 1:
-            raise ValueError(
-                f"a window of {self.span} states does not fit episodes of "
-                f"{self.data.length + 1} states"
-            )
-
-    @property
-    def starts_per_episode(self) -> int:
-        return self.data.length + 2 - self.span
-
-    def gather(self, episode: np.ndarray, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """States ``[B, span, 4]`` and actions ``[B, span - 1, 1]`` of the given windows."""
-        offsets = start[:, None] + np.arange(self.span)[None, :]
-        states = self.data.states[episode[:, None], offsets]
-        actions = self.data.actions[episode[:, None], offsets[:, :-1]]
-        return states, actions
-
-    def draw(self, batch_size: int, generator: torch.Generator) -> tuple[np.ndarray, np.ndarray]:
-        """Episode and start indices of ``batch_size`` windows, with replacement."""
-        episode = torch.randint(0, self.data.num_trajectories, (batch_size,), generator=generator)
-        start = torch.randint(0, self.starts_per_episode, (batch_size,), generator=generator)
-        return episode.numpy(), start.numpy()
-
-    def grid(self, stride: int) -> tuple[np.ndarray, np.ndarray]:
-        """A fixed set of windows: every ``stride``-th start of every episode."""
-        starts = np.arange(0, self.starts_per_episode, stride)
-        episode = np.repeat(np.arange(self.data.num_trajectories), len(starts))
-        return episode, np.tile(starts, self.data.num_trajectories)
+def open_data(cfg: DataSection, trainer: Any = None) -> TrainingData:
+    """The dataset of ``cfg`` (made from the cart-pole generator when it names no path),
+    split by episode and recorded in the run when ``trainer`` is given."""
+    section = cfg
+    if cfg.path is None:
+        split = cfg.split.model_copy(update={"train": "train", "validation": "validation"})
+        section = cfg.model_copy(update={"path": str(cartpole_store(cfg)), "split": split})
+    return TrainingData.open(section, ROLES, trainer=trainer)
 
 
-def input_features(states: np.ndarray, actions: np.ndarray) -> np.ndarray:
-    """``[x, sin(theta), cos(theta), x_dot, theta_dot, force]`` (numpy twin of the model's)."""
-    x, theta, x_dot, theta_dot = np.moveaxis(states, -1, 0)
-    return np.stack([x, np.sin(theta), np.cos(theta), x_dot, theta_dot, actions[..., 0]], axis=-1)
-
-
-def normalization(data: CartpoleData) -> dict[str, np.ndarray]:
-    """Mean and standard deviation of the inputs and of the state changes of a split."""
-    states = np.asarray(data.states, dtype=np.float64)
-    actions = np.asarray(data.actions, dtype=np.float64)
-    features = input_features(states[:, :-1], actions).reshape(-1, 6)
-    deltas = state_deltas(states).reshape(-1, 4)
-    return {
-        "feature_mean": features.mean(0),
-        "feature_std": np.maximum(features.std(0), 1e-6),
-        "delta_mean": deltas.mean(0),
-        "delta_std": np.maximum(deltas.std(0), 1e-6),
+def cartpole_store(cfg: DataSection) -> Path:
+    """The generator's episodes of ``cfg`` in slhub's store (splits ``train`` and
+    ``validation``; :func:`slhub.data.cartpole_store`)."""
+    splits = {
+        "train": (cfg.train.num_trajectories, cfg.train.length, cfg.train.seed),
+        "validation": (cfg.val.num_trajectories, cfg.val.length, cfg.val.seed),
     }
+    return store_of_cartpole(cfg.cache_dir, splits, cfg.max_force)
+
+
+def layout_of(data: TrainingData, cfg: RwmSection) -> RwmLayout:
+    """The model's layout: the roles' component names, the angles and the GRU's size."""
+    state = data.layouts["state"].names
+    angles = cfg.angles
+    if angles is None:
+        angles = [CARTPOLE_ANGLE] if state == STATE_NAMES else []
+    extra = data.layouts["extra"].names if "extra" in data.layouts else ()
+    try:
+        return RwmLayout.from_names(
+            angles,
+            state_names=state,
+            action_names=data.layouts["action"].names,
+            extra_names=extra,
+            hidden=cfg.hidden,
+            layers=cfg.layers,
+            history=cfg.history,
+            horizon=cfg.horizon,
+            robot=str(data.dataset.path.name),
+        )
+    except ValueError as exc:
+        raise DatasetError(f"rwm.angles: {exc}") from None
+
+
+def window_offsets(layout: RwmLayout, history: int, horizon: int) -> dict[str, range]:
+    """Role offsets of a window anchored at its last context step: ``history + horizon``
+    states and the ``history + horizon - 1`` inputs between them."""
+    out = {"state": range(1 - history, 1 + horizon), "action": range(1 - history, horizon)}
+    if layout.extra_names:
+        out["extra"] = out["action"]
+    return out
+
+
+def batch_of(
+    window: dict[str, np.ndarray], layout: RwmLayout, device: torch.device, dtype: torch.dtype
+) -> dict[str, torch.Tensor]:
+    """``states [B, H + F, S]`` and ``inputs [B, H + F - 1, U]`` (actions, then extra
+    inputs) of windows read at :func:`window_offsets`."""
+    parts = [window["action"]] + ([window["extra"]] if layout.extra_names else [])
+    inputs = np.concatenate(parts, axis=-1) if len(parts) > 1 else parts[0]
+    return {
+        "states": torch.from_numpy(window["state"]).to(device=device, dtype=dtype),
+        "inputs": torch.from_numpy(inputs).to(device=device, dtype=dtype),
+    }
+
+
+def validation_anchors(data: TrainingData, layout: RwmLayout, stride: int) -> np.ndarray:
+    """Every ``stride``-th anchor of each validation episode (from its first).
+
+    :raises DatasetError: no validation episode holds ``history + horizon`` steps (at
+        admission, naming the lengths).
+    """
+    history, horizon = layout.history, layout.horizon
+    anchors = data.anchors(window_offsets(layout, history, horizon), "validation")
+    if len(anchors) == 0:
+        episodes = data.split.validation
+        if not episodes:
+            raise DatasetError(f"{data.dataset.path}: the validation split holds no episodes")
+        longest = max(int(data.dataset.lengths[e]) for e in episodes)
+        raise DatasetError(
+            f"{data.dataset.path}: rwm.history {history} + rwm.horizon {horizon} need "
+            f"validation episodes of {history + horizon} steps; the longest has {longest}"
+        )
+    return anchors[(anchors[:, 1] - (history - 1)) % stride == 0]
+
+
+def normalization(data: TrainingData, layout: RwmLayout) -> tuple[torch.Tensor, ...]:
+    """Input mean/std (the dataset's statistics of state, action and extra) and
+    state-change mean/std (one streaming pass over the training episodes, angle changes
+    wrapped, cached by the dataset's fingerprint), float64, std floored at
+    :data:`STD_FLOOR`."""
+    roles = ["state", "action"] + (["extra"] if layout.extra_names else [])
+    mean = np.concatenate([data.statistics[r]["mean"] for r in roles])
+    std = np.concatenate([data.statistics[r]["std"] for r in roles])
+    angles = list(layout.angles)
+
+    def deltas() -> dict[str, np.ndarray]:
+        count, total, squares = 0, 0.0, 0.0
+        state = data.layouts["state"]
+        for episode in data.split.train:
+            length = int(data.dataset.lengths[episode])
+            if length < 2:
+                continue
+            parts = [
+                np.asarray(data.dataset.read(name, episode, 0, length), dtype=np.float64)
+                for name in state.features
+            ]
+            delta = np.diff(np.concatenate([p.reshape(length, -1) for p in parts], axis=-1), axis=0)
+            if angles:
+                delta[:, angles] = wrap_angle(delta[:, angles])
+            count, total = count + len(delta), total + delta.sum(0)
+            squares = squares + np.square(delta).sum(0)
+        if count == 0:
+            raise DatasetError(f"{data.dataset.path}: no training episode has two steps")
+        delta_mean = total / count
+        variance = np.maximum(squares / count - np.square(delta_mean), 0.0)
+        return {"delta_mean": delta_mean, "delta_std": np.sqrt(variance)}
+
+    cached = data.cached(
+        "rwm.deltas", {"angles": list(layout.angle_names)}, ["delta_mean", "delta_std"], deltas
+    )
+    return tuple(
+        torch.from_numpy(np.asarray(a, dtype=np.float64))
+        for a in (
+            mean,
+            np.maximum(std, STD_FLOOR),
+            cached["delta_mean"],
+            np.maximum(cached["delta_std"], STD_FLOOR),
+        )
+    )

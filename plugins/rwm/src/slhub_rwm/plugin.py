@@ -1,101 +1,74 @@
-"""The ``rwm`` slhub plugin: recipe section, model, sampling, objective and validation."""
+"""The ``rwm`` slhub plugin: recipe sections, model, sampling, objective and validation.
+
+The hook class only; the recipe sections are in :mod:`slhub_rwm.sections`, the
+roles, windows and normalization in :mod:`slhub_rwm.data` and the network in
+:mod:`slhub_rwm.model`.
+"""
 
 from __future__ import annotations
 
-import os
-from typing import Any, Literal
+from typing import Any
 
+import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from slhub import LossResult, hookimpl
-from slhub.data import SplitCache, ensure_dataset, split_seed
+from pydantic import BaseModel
+from slhub import LossResult, RecipeError, hookimpl
+from slhub.data import TrainingData
 
-from slhub_rwm.data import Windows, normalization
-from slhub_rwm.model import WorldModel
+from slhub_rwm.data import (
+    batch_of,
+    layout_of,
+    normalization,
+    open_data,
+    validation_anchors,
+    window_offsets,
+)
+from slhub_rwm.model import RwmLayout, WorldModel
+from slhub_rwm.sections import SECTION, SECTIONS, DataSection, RwmSection
 
-SECTION = "rwm"
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
-
-
-class RwmData(BaseModel):
-    """Cart-pole trajectories made on first use under ``cache_dir`` (relative to the cwd)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    cache_dir: str = ".cache/slhub-rwm"
-
-    @field_validator("cache_dir")
-    @classmethod
-    def _home(cls, value: str) -> str:
-        """``~`` is the user's home, as in a shell, never a directory named ``~``."""
-        return os.path.expanduser(value)
-
-    train_trajectories: int = Field(default=64, gt=0)
-    val_trajectories: int = Field(default=16, gt=0)
-    length: int = Field(default=100, gt=1)
-    seed: int = Field(default=0, ge=0)
-    max_force: float = Field(default=10.0, gt=0)
-
-
-class RwmSection(BaseModel):
-    """The ``rwm`` recipe section."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    history: int = Field(default=8, gt=0)
-    horizon: int = Field(default=3, gt=0)
-    hidden: int = Field(default=64, gt=0)
-    layers: int = Field(default=1, gt=0)
-    val_stride: int = Field(default=5, gt=0)
-    precision: Literal["float32", "float64"] = "float32"
-    data: RwmData = Field(default_factory=RwmData)
-
-    @model_validator(mode="after")
-    def _window_fits(self) -> RwmSection:
-        if self.history + self.horizon > self.data.length + 1:
-            raise ValueError(
-                f"history + horizon = {self.history + self.horizon} states do not fit "
-                f"episodes of data.length + 1 = {self.data.length + 1} states"
-            )
-        return self
-
-    @property
-    def span(self) -> int:
-        return self.history + self.horizon
+#: Validation windows evaluated at once (bounds memory on a large held-out split).
+VALIDATION_CHUNK = 4096
 
 
 class RwmPlugin:
-    """Robotic World Model on cart-pole: GRU history encoder, autoregressive forecast."""
+    """Robotic World Model for any robot's episodes: GRU history encoder, autoregressive
+    forecast, relative-error validation on held-out episodes."""
 
     def __init__(self) -> None:
-        self._splits: SplitCache[Windows] = SplitCache()
-
-    def _windows(self, cfg: RwmSection, split: str) -> Windows:
-        def make(split: str) -> Windows:
-            d = cfg.data
-            count = d.train_trajectories if split == "train" else d.val_trajectories
-            seed = split_seed(d.seed, split)
-            data = ensure_dataset(d.cache_dir, split, count, d.length, seed, d.max_force)
-            return Windows(data, cfg.span)
-
-        return self._splits.get(cfg, split, make)
+        self._data: TrainingData | None = None
+        self._layout: RwmLayout | None = None
+        self._val_anchors: np.ndarray | None = None
 
     @hookimpl
     def recipe_sections(self) -> dict[str, type[BaseModel]]:
-        return {SECTION: RwmSection}
+        return dict(SECTIONS)
 
     @hookimpl
     def build_model(self, trainer: Any) -> torch.nn.Module:
         cfg: RwmSection = trainer.section(SECTION)
-        stats = normalization(self._windows(cfg, "train").data)
-        return WorldModel(cfg.hidden, cfg.layers, stats).to(DTYPES[cfg.precision])
+        data_cfg: DataSection = trainer.section("data")
+        if data_cfg.window.pad:
+            raise RecipeError(
+                "data.window.pad: RWM trains on whole windows only (an anchor whose window "
+                "leaves its episode is excluded); set it to false"
+            )
+        data = open_data(data_cfg, trainer)
+        layout = layout_of(data, cfg)
+        data.require_anchors(window_offsets(layout, cfg.history, cfg.horizon), "train")
+        self._val_anchors = validation_anchors(data, layout, cfg.val_stride)
+        model = WorldModel(layout).to(DTYPES[cfg.precision])
+        model.set_normalization(*normalization(data, layout))
+        self._data, self._layout = data, layout
+        return model
 
     @hookimpl
     def sample(self, trainer: Any, generator: torch.Generator) -> dict[str, torch.Tensor]:
         cfg: RwmSection = trainer.section(SECTION)
-        windows = self._windows(cfg, "train")
-        states, actions = windows.gather(*windows.draw(trainer.config.batch_size, generator))
-        return _to_batch(states, actions, trainer.device, DTYPES[cfg.precision])
+        data, layout = self._require_data()
+        offsets = window_offsets(layout, cfg.history, cfg.horizon)
+        window = data.sample(offsets, trainer.config.batch_size, generator)
+        return batch_of(window, layout, trainer.device, DTYPES[cfg.precision])
 
     @hookimpl
     def objective(self, trainer: Any, model: torch.nn.Module, batch: dict) -> LossResult:
@@ -105,24 +78,52 @@ class RwmPlugin:
 
     @hookimpl
     def validate(self, trainer: Any, model: torch.nn.Module, step: int) -> dict[str, float]:
+        """``mse`` (the training loss) and ``mse_stepK`` per forecast step, and RWM's
+        relative error Σ|ŝ − s| / Σ|s| over the forecast after the context, with the
+        same ratio for the state held at its last true value (``baseline_relative_error``)."""
+        if self._data is None or self._val_anchors is None:
+            return {}
         cfg: RwmSection = trainer.section(SECTION)
-        windows = self._windows(cfg, "val")
-        states, actions = windows.gather(*windows.grid(cfg.val_stride))
-        batch = _to_batch(states, actions, trainer.device, DTYPES[cfg.precision])
-        per_step = _forecast_error(model, batch, cfg.horizon).square().mean(dim=(0, 2))
+        data, layout = self._require_data()
+        offsets = window_offsets(layout, cfg.history, cfg.horizon)
+        net = _unwrap(model)
+        squares = torch.zeros(cfg.horizon, dtype=torch.float64)
+        error = baseline = scale = 0.0
+        for start in range(0, len(self._val_anchors), VALIDATION_CHUNK):
+            anchors = self._val_anchors[start : start + VALIDATION_CHUNK]
+            batch = batch_of(
+                data.read(offsets, anchors), layout, trainer.device, DTYPES[cfg.precision]
+            )
+            pred = net(batch["states"], batch["inputs"], cfg.horizon)
+            truth = batch["states"][:, -cfg.horizon :]
+            err = net.normalized_error(pred, truth).double().square()
+            squares += err.sum(dim=(0, 2)).cpu()
+            held = batch["states"][:, cfg.history - 1 : cfg.history].expand_as(truth)
+            part, total = net.relative_error(pred, truth)
+            error, scale = error + part, scale + total
+            baseline += net.relative_error(held, truth)[0]
+        per_step = squares / (len(self._val_anchors) * layout.state_dim)
         metrics = {"mse": float(per_step.mean())}
         metrics.update({f"mse_step{k + 1}": float(v) for k, v in enumerate(per_step)})
+        scale = max(scale, float(np.finfo(np.float64).tiny))
+        metrics["relative_error"] = error / scale
+        metrics["baseline_relative_error"] = baseline / scale
         return metrics
 
+    def _require_data(self) -> tuple[TrainingData, RwmLayout]:
+        if self._data is None or self._layout is None:
+            raise RuntimeError("the rwm plugin's build_model has not run")
+        return self._data, self._layout
 
-def _to_batch(states, actions, device, dtype) -> dict[str, torch.Tensor]:
-    return {
-        "states": torch.as_tensor(states, dtype=dtype, device=device),
-        "actions": torch.as_tensor(actions, dtype=dtype, device=device),
-    }
+
+def _unwrap(model: torch.nn.Module) -> WorldModel:
+    inner = getattr(model, "module", model)
+    if not isinstance(inner, WorldModel):
+        raise TypeError(f"the rwm plugin expects a WorldModel, got {type(inner).__name__}")
+    return inner
 
 
 def _forecast_error(model, batch: dict[str, torch.Tensor], horizon: int) -> torch.Tensor:
-    """Normalized forecast errors ``[B, horizon, 4]``; gradients flow through every step."""
-    pred = model(batch["states"], batch["actions"], horizon)
-    return model.normalized_error(pred, batch["states"][:, -horizon:])
+    """Normalized forecast errors ``[B, horizon, S]``; gradients flow through every step."""
+    pred = model(batch["states"], batch["inputs"], horizon)
+    return _unwrap(model).normalized_error(pred, batch["states"][:, -horizon:])
