@@ -8,6 +8,8 @@ line.
 
 from __future__ import annotations
 
+from typing import Any
+
 #: What :func:`one_line` puts where it cut a message.
 CUT = " ..."
 
@@ -78,3 +80,19 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
     room = max(limit - len(CUT), 1)
     space = text.rfind(" ", 0, room + 1)
     return (text[:space] if space > 0 else text[:room]) + CUT
+
+
+def raised_by(exc: BaseException, hook: Any) -> str:
+    """``plugin NAME``: the plugin whose implementation of ``hook`` (a pluggy hook caller)
+    raised ``exc``, the innermost one on its traceback; ``a plugin`` when none can be told.
+    """
+    impls = {
+        getattr(impl.function, "__code__", None): impl.plugin_name
+        for impl in getattr(hook, "get_hookimpls", list)()
+    }
+    name = None
+    frame = exc.__traceback__
+    while frame is not None:
+        name = impls.get(frame.tb_frame.f_code, name)
+        frame = frame.tb_next
+    return f"plugin {name}" if name is not None else "a plugin"

@@ -53,7 +53,7 @@ from slhub import distributed, log, rng
 from slhub.artifacts import MetricsLog
 from slhub.checkpoint import Checkpoint, CheckpointManager, files
 from slhub.ema import Ema
-from slhub.errors import PluginError, SlhubError, one_line
+from slhub.errors import PluginError, SlhubError, one_line, raised_by
 from slhub.hookspecs import LossResult
 from slhub.optim import MixedPrecision
 from slhub.preemption import Preempted, StopSignals
@@ -447,7 +447,7 @@ class Loop(TrainerBase):
         error = self.checkpoints.gather(self._local_state)
         if error is not None:
             log.failure("checkpoint state failed", error)
-            self._held = self._held or ("checkpoint I/O", error)
+            self._held = self._held or ("checkpoint I/O", self._state_failure(error))
         if not self.is_main or self._held is not None:
             return
         failed_validation: BaseException | None = None
@@ -464,7 +464,7 @@ class Loop(TrainerBase):
                 self.checkpoints.refresh_own(self._local_state)
             except Exception as exc:  # noqa: BLE001 - held for the next agreement
                 log.failure("checkpoint state failed", exc)
-                self._held = ("checkpoint I/O", exc)
+                self._held = ("checkpoint I/O", self._state_failure(exc))
                 return
         try:  # the committed update is saved even when its validation failed
             self.checkpoints.write_boundary(boundary, step, best)
@@ -505,6 +505,14 @@ class Loop(TrainerBase):
             distributed.raise_agreed_failure(agreed, failure[1] if failure else None)
 
     # ------------------------------------------------------------------ saving
+
+    def _state_failure(self, exc: BaseException) -> BaseException:
+        """A plugin's plain exception in ``state_dict`` (its traceback is logged), for the
+        run's one line: named after the plugin, not left as the checkpoint's I/O."""
+        name = raised_by(exc, self.hook.state_dict)
+        if isinstance(exc, SlhubError) or name == "a plugin":
+            return exc
+        return PluginError(f"{name} failed in state_dict: {one_line(exc)}")
 
     def _local_state(self) -> dict[str, Any]:
         """This rank's ``state_dict`` contributions, every plugin's merged."""

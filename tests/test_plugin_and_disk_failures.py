@@ -78,7 +78,32 @@ def test_a_full_disk_at_admission_is_one_line_and_leaves_no_artifact(
     assert _artifacts(out) == [artifacts.LOCK_FILE]  # no run.json, no metrics.jsonl
 
 
-# --- a plugin's load_state_dict: its traceback on its rank, then one line ---------------
+# --- a plugin's state_dict and load_state_dict: its traceback, then one line naming it --
+
+
+class FailsToSave:
+    """An extra plugin whose ``state_dict`` has a bug."""
+
+    @hookimpl
+    def state_dict(self, trainer) -> dict[str, Any]:
+        return {"fails_to_save": {"mean": sum([]) / len([])}}
+
+
+def test_a_failing_state_dict_shows_the_plugins_traceback_then_one_line(capsys, tmp_path: Path):
+    out = tmp_path / "out"
+    code = cli.main(["train", "--config", str(SL_DDP), *SHORT, "--set", f"trainer.output_dir={out}",
+                     "--set", f'plugins=["{__name__}:FailsToSave"]'])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("Traceback (most recent call last):") == 1, err
+    assert 'test_plugin_and_disk_failures.py", line' in err, err
+    (line,) = [x for x in err.splitlines() if x.startswith("slhub: error:")]
+    assert err.rstrip().endswith(line)
+    assert line == (
+        f"slhub: error: rank 0 failed during checkpoint I/O: plugin {__name__}:FailsToSave "
+        "failed in state_dict: ZeroDivisionError: division by zero"
+    )
+    assert not list(out.glob("*.pt"))  # no checkpoint of a state that could not be made
 
 
 class FailsToLoad:
@@ -98,7 +123,7 @@ def test_a_failing_load_state_dict_shows_the_plugins_traceback_then_one_line(
 ):
     out = tmp_path / "out"
     argv = ["train", "--config", str(SL_DDP), *SHORT, "--set", f"trainer.output_dir={out}",
-            "--set", 'plugins=["test_plugin_and_disk_failures:FailsToLoad"]']  # fmt: skip
+            "--set", f'plugins=["{__name__}:FailsToLoad"]']  # fmt: skip
     assert cli.main(argv) == 0
     capsys.readouterr()
     before = _files(out)
@@ -110,7 +135,7 @@ def test_a_failing_load_state_dict_shows_the_plugins_traceback_then_one_line(
     (line,) = [x for x in err.splitlines() if x.startswith("slhub: error:")]
     assert err.rstrip().endswith(line)
     assert line == (
-        "slhub: error: plugin test_plugin_and_disk_failures:FailsToLoad failed to load its "
+        f"slhub: error: plugin {__name__}:FailsToLoad failed to load its "
         "state from the checkpoint of update 3 on rank 0 (load_state_dict: KeyError: "
         "'count'); its traceback is in that rank's log"
     )

@@ -39,7 +39,14 @@ from slhub.checkpoint.schema import (
     check_fits,
     check_state_loadable,
 )
-from slhub.errors import CheckpointError, DatasetError, PluginError, SlhubError, one_line
+from slhub.errors import (
+    CheckpointError,
+    DatasetError,
+    PluginError,
+    SlhubError,
+    one_line,
+    raised_by,
+)
 from slhub.recipe import TrainerConfig
 
 LOG = log.get_logger()
@@ -274,7 +281,7 @@ class CheckpointManager:
         except Exception as exc:  # noqa: BLE001 - a plugin's bug: its traceback, then one line
             log.failure("load_state_dict failed", exc)
             raise PluginError(
-                f"{_raised_by(exc, hook)} failed to load its state from the checkpoint of "
+                f"{raised_by(exc, hook)} failed to load its state from the checkpoint of "
                 f"update {ckpt.step} on rank {owner.rank} (load_state_dict: {one_line(exc)}); "
                 "its traceback is in that rank's log"
             ) from None
@@ -285,21 +292,6 @@ class CheckpointManager:
             )
         self.retention = ckpt.retention
         return changes
-
-
-def _raised_by(exc: BaseException, hook: Any) -> str:
-    """``plugin NAME``: the plugin whose implementation of ``hook`` raised ``exc`` (the
-    innermost of them on its traceback), or ``a plugin`` when none can be told."""
-    impls = {
-        getattr(impl.function, "__code__", None): impl.plugin_name
-        for impl in getattr(hook, "get_hookimpls", list)()
-    }
-    name = None
-    frame = exc.__traceback__
-    while frame is not None:
-        name = impls.get(frame.tb_frame.f_code, name)
-        frame = frame.tb_next
-    return f"plugin {name}" if name is not None else "a plugin"
 
 
 def _check_ema(ckpt: Checkpoint, averaging: bool) -> None:
