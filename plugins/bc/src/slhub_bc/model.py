@@ -21,6 +21,13 @@ from slhub_bc.data import camera_role
 STD_FLOOR = 1e-6
 
 
+def _vector(values: np.ndarray) -> torch.Tensor:
+    """``values`` as a float64 tensor of its own, with unit stride even when empty (an
+    empty tensor made from numpy has stride 0, which a byte view of it refuses)."""
+    values = np.asarray(values, dtype=np.float64).reshape(-1)
+    return torch.zeros(len(values), dtype=torch.float64).copy_(torch.from_numpy(values))
+
+
 class Policy(nn.Module):
     """Normalization buffers and the mapping between normalized and real actions."""
 
@@ -32,9 +39,8 @@ class Policy(nn.Module):
     ) -> None:
         super().__init__()
         for name, (mean, std) in (("observation", observation), ("action", action)):
-            self.register_buffer(f"{name}_mean", torch.as_tensor(mean, dtype=torch.float64))
-            std = np.maximum(np.asarray(std, dtype=np.float64), STD_FLOOR)
-            self.register_buffer(f"{name}_std", torch.as_tensor(std))
+            self.register_buffer(f"{name}_mean", _vector(mean))
+            self.register_buffer(f"{name}_std", _vector(np.maximum(std, STD_FLOOR)))
         self.chunk = chunk
         self.action_dim = len(action[0])
 
