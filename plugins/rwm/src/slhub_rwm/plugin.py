@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel
 from slhub import LossResult, RecipeError, hookimpl
-from slhub.data import TrainingData
+from slhub.data import TrainingData, WindowStream
 
 from slhub_rwm.data import (
     batch_of,
@@ -39,6 +39,7 @@ class RwmPlugin:
         self._data: TrainingData | None = None
         self._layout: RwmLayout | None = None
         self._val_anchors: np.ndarray | None = None
+        self._stream: WindowStream | None = None
 
     @hookimpl
     def recipe_sections(self) -> dict[str, type[BaseModel]]:
@@ -55,7 +56,8 @@ class RwmPlugin:
             )
         data = open_data(data_cfg, trainer)
         layout = layout_of(data, cfg)
-        data.require_anchors(window_offsets(layout, cfg.history, cfg.horizon), "train")
+        offsets = window_offsets(layout, cfg.history, cfg.horizon)
+        self._stream = data.stream(offsets, trainer.config.batch_size)  # refuses short episodes
         self._val_anchors = validation_anchors(data, layout, cfg.val_stride)
         model = WorldModel(layout).to(DTYPES[cfg.precision])
         model.set_normalization(*normalization(data, layout))
@@ -65,10 +67,22 @@ class RwmPlugin:
     @hookimpl
     def sample(self, trainer: Any, generator: torch.Generator) -> dict[str, torch.Tensor]:
         cfg: RwmSection = trainer.section(SECTION)
-        data, layout = self._require_data()
-        offsets = window_offsets(layout, cfg.history, cfg.horizon)
-        window = data.sample(offsets, trainer.config.batch_size, generator)
+        _, layout = self._require_data()
+        assert self._stream is not None
+        window = self._stream.next(generator)
         return batch_of(window, layout, trainer.device, DTYPES[cfg.precision])
+
+    @hookimpl
+    def state_dict(self, trainer: Any) -> dict[str, Any] | None:
+        """The windows drawn ahead of the loop (``data.decode.ahead``), if any."""
+        if self._stream is None or not self._stream.ahead:
+            return None
+        return {SECTION: self._stream.state_dict()}
+
+    @hookimpl
+    def load_state_dict(self, trainer: Any, state: dict[str, Any]) -> None:
+        if self._stream is not None and SECTION in state:
+            self._stream.load_state_dict(state[SECTION])
 
     @hookimpl
     def objective(self, trainer: Any, model: torch.nn.Module, batch: dict) -> LossResult:
