@@ -175,6 +175,40 @@ def build_parser() -> argparse.ArgumentParser:
         "default: the installed plugin the checkpoint names",
     )
 
+    evaluate = _command(
+        sub,
+        "eval",
+        "judge a checkpoint as its run validated it: on the run's held-out episodes, other "
+        "recorded ones (--set data.path=...), or fresh ones from a simulator (--env)",
+        "examples:\n  slhub eval --checkpoint outputs/nerd_pendulum/last.pt\n"
+        "  slhub eval --checkpoint outputs/nerd_pendulum/last.pt "
+        "--env gymnasium:InvertedPendulum-v5 --episodes 20 --steps 200\n"
+        "  slhub eval --checkpoint C.pt --set 'validation.horizons=[1, 10, 100]'\n\n"
+        "Prints one 'metric value' line each (or JSON); writes nothing.\n\n" + EXIT_CODES,
+    )
+    evaluate.add_argument("--checkpoint", required=True, metavar="CKPT", help="checkpoint to read")
+    evaluate.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="change a recipe key for the evaluation (repeatable)",
+    )
+    evaluate.add_argument(
+        "--plugin", metavar="NAME", help="model plugin (default: the installed one it names)"
+    )
+    evaluate.add_argument(
+        "--env", metavar="PREFIX:ENV", help="collect fresh episodes from this simulator first"
+    )
+    evaluate.add_argument("--episodes", type=int, default=16, help="with --env (default 16)")
+    evaluate.add_argument("--steps", type=int, default=200, help="with --env (default 200)")
+    evaluate.add_argument("--seed", type=int, default=1000, help="with --env (default 1000)")
+    evaluate.add_argument(
+        "--actions", choices=("uniform", "smooth"), default="smooth", help="with --env"
+    )
+    evaluate.add_argument("--json", action="store_true", help="one JSON object instead")
+
     plot = _command(
         sub,
         "plot",
@@ -382,6 +416,18 @@ def _export(args: argparse.Namespace) -> None:
     print(f"exported {args.checkpoint} to {done.path} with {done.plugin.describe()}")
 
 
+def _eval(args: argparse.Namespace) -> None:
+    import json
+
+    from slhub.eval_command import format_metrics, run_eval
+
+    metrics = run_eval(
+        args.checkpoint, overrides=args.overrides, plugin=args.plugin, env=args.env,
+        episodes=args.episodes, steps=args.steps, seed=args.seed, actions=args.actions,
+    )  # fmt: skip
+    print(json.dumps(metrics) if args.json else format_metrics(metrics))
+
+
 def _plot(args: argparse.Namespace) -> None:
     from slhub.plot import plot_run
 
@@ -396,6 +442,7 @@ COMMANDS = {
     "export": _export,
     "plot": _plot,
     "data": _data,
+    "eval": _eval,
 }
 
 #: Each command's path arguments: (attribute, the name a message gives it).
@@ -403,6 +450,7 @@ PATH_ARGUMENTS: dict[str, tuple[tuple[str, str], ...]] = {
     "train": (("config", "--config"), ("resume", "--resume")),
     "inspect": (("checkpoint", "CKPT"),),
     "export": (("checkpoint", "--checkpoint"), ("out", "--out")),
+    "eval": (("checkpoint", "--checkpoint"),),
     "plot": (("run_dir", "RUN_DIR"), ("out", "--out")),
     "data": (("path", "PATH"), ("destination", "DST")),
 }

@@ -75,7 +75,7 @@ def layout_of(data: TrainingData, model_cfg: ModelSection, robot: str = "") -> N
             extra,
             angles,
             model_cfg.angle_features,
-            robot or str(data.dataset.path.name),
+            robot,
         )
     except ValueError as exc:
         raise DatasetError(f"model.angles: {exc}") from None

@@ -1,0 +1,131 @@
+"""``slhub eval --checkpoint CKPT [--env PREFIX:ENV ...] [--set KEY=VALUE]``.
+
+Judges a trained model after training the way its run judged it: the checkpoint's
+model plugin is built from the recipe the checkpoint records, the weights the run
+validated are loaded (the EMA where the run keeps one) and the plugin's
+``validate`` runs once, on this process, leaving no artifact. By default it
+evaluates the run's own held-out episodes (refusing a dataset that changed since);
+``--set data.path=...`` points it at other recorded episodes, and ``--env``
+collects fresh episodes from the simulator first (fresh initial states from the
+simulator's resets, with ``--actions``), so a learned simulator is judged against
+the real one on trajectories it never saw.
+
+As for export, the plugin is one the user installed or named (``--plugin``), never
+code a file names.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from slhub import checkpoint, registry
+from slhub.errors import CheckpointError, DatasetError, RecipeError, one_line
+from slhub.export.command import choose_exporter
+from slhub.recipe import apply_overrides
+
+
+def run_eval(
+    checkpoint_path: str | Path,
+    *,
+    overrides: Sequence[str] = (),
+    plugin: str | None = None,
+    env: str | None = None,
+    episodes: int = 16,
+    steps: int = 200,
+    seed: int = 0,
+    actions: str = "smooth",
+    through_termination: bool = True,
+) -> dict[str, float]:
+    """The validation metrics of ``checkpoint_path``'s model (see the module docstring).
+
+    :raises CheckpointError: a v1 checkpoint (it records no recipe), or a damaged one.
+    :raises DatasetError: the run's dataset changed since it was trained.
+    :raises RecipeError, PluginError, SimulatorError: a bad override, plugin or env.
+    """
+    from slhub.testing import StandInTrainer
+
+    path = Path(checkpoint_path)
+    ckpt = checkpoint.load(path)
+    if ckpt.version != 2 or not ckpt.recipe:
+        raise CheckpointError(f"{path} is a v1 checkpoint: it records no recipe to evaluate by")
+    chosen = choose_exporter(ckpt, path, plugin) or ckpt.recipe["plugin"]
+    recipe = apply_overrides(dict(ckpt.recipe), list(overrides))
+    collected: Path | None = None
+    try:
+        if env is not None:
+            collected = _collect(env, episodes, steps, seed, actions, through_termination)
+            data = dict(recipe.get("data") or {})
+            data["path"] = str(collected / "episodes")
+            # the statistics are the checkpoint's; episode 0 only fills the training role
+            data["split"] = {"train": [0], "validation": list(range(1, episodes + 1))}
+            recipe["data"] = data
+        plugins = registry.build_manager(chosen)
+        model_plugin = plugins.manager.get_plugin(plugins.model.name)
+        declared = (
+            model_plugin.recipe_sections() if hasattr(model_plugin, "recipe_sections") else {}
+        )
+        sections = {name: recipe[name] for name in declared or {} if name in recipe}
+        trainer = StandInTrainer(model_plugin, sections, **recipe["trainer"])
+        model = trainer.build(model_plugin)
+        if env is None and not any(o.startswith("data.") for o in overrides):
+            _same_datasets(ckpt, trainer, path)
+        try:
+            model.load_state_dict(ckpt.evaluation_weights)
+        except RuntimeError as exc:
+            raise CheckpointError(
+                f"{path}: its weights do not fit the model its recipe builds ({one_line(exc)})"
+            ) from None
+        with torch.no_grad():
+            metrics = model_plugin.validate(trainer=trainer, model=model.eval(), step=ckpt.step)
+        return {name: float(value) for name, value in (metrics or {}).items()}
+    finally:
+        if collected is not None:
+            shutil.rmtree(collected, ignore_errors=True)
+
+
+def _collect(
+    env: str, episodes: int, steps: int, seed: int, actions: str, through_termination: bool
+) -> Path:
+    from slhub.sim import collect
+
+    if episodes < 1:
+        raise RecipeError("--episodes must be >= 1")
+    folder = Path(tempfile.mkdtemp(prefix="slhub-eval-"))
+    try:
+        collect(
+            folder / "episodes", env, episodes=episodes + 1, steps=steps, actions=actions,
+            seed=seed, through_termination=through_termination,
+        )  # fmt: skip
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return folder
+
+
+def _same_datasets(ckpt: checkpoint.Checkpoint, trainer: Any, path: Path) -> None:
+    from slhub.data.identity import differences
+
+    recorded = (ckpt.run or {}).get("datasets") or {}
+    current = getattr(trainer, "datasets", {}) or {}
+    for name, entry in recorded.items():
+        now = current.get(name)
+        if now is None:
+            continue
+        changed = differences(entry["fingerprint"], now["fingerprint"])
+        if changed:
+            raise DatasetError(
+                f"{path}: dataset {name} ({entry.get('path')}) changed since the run: "
+                f"{'; '.join(changed)}; evaluate other episodes with --set data.path=..."
+            )
+
+
+def format_metrics(metrics: dict[str, float]) -> str:
+    """One ``name value`` line per metric, in the order the plugin reported them."""
+    width = max((len(name) for name in metrics), default=0)
+    return "\n".join(f"{name:<{width}}  {value:.6g}" for name, value in metrics.items())

@@ -1,0 +1,127 @@
+"""NeRD as a learned simulator of a MuJoCo robot: episodes from ``slhub data collect``,
+rollouts that beat both baselines, exact resume, and ``slhub eval`` against the run's
+held-out episodes and against fresh ones from the simulator."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import slhub
+from helpers import REPO, cli_error, warm_launcher
+from slhub.builtin.nerd.plugin import NerdPlugin
+from slhub.eval_command import run_eval
+from slhub.testing import check_resume_and_revalidate
+
+pytest.importorskip("mujoco")
+pytest.importorskip("gymnasium")
+
+PENDULUM = REPO / "examples" / "nerd" / "pendulum" / "sl.train.yaml"
+ENV = "gymnasium:InvertedPendulum-v5"
+#: A small budget: a tiny model, 400 updates (the example recipe trains longer).
+SMALL = [
+    "trainer.steps=400",
+    "trainer.validate_every=200",
+    "trainer.save_every=200",
+    "trainer.batch_size=32",
+    "trainer.device=cpu",
+    "model.width=32",
+    "model.layers=1",
+    "model.heads=2",
+    "model.mlp_hidden=64",
+    "validation.horizons=[10, 100]",
+    "data.split.validation_ratio=0.2",
+]
+
+
+@pytest.fixture(scope="module")
+def pendulum(tmp_path_factory) -> Path:
+    from slhub.sim import collect
+
+    out = tmp_path_factory.mktemp("pendulum") / "episodes"
+    collect(out, ENV, episodes=24, steps=130, actions="smooth", seed=0, through_termination=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def trained(pendulum: Path, tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("run") / "nerd"
+    slhub.train(PENDULUM, [*SMALL, f"data.path={pendulum}", f"trainer.output_dir={run}"])
+    return run
+
+
+def _last_validation(run: Path) -> dict[str, float]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    last = [r for r in records if "validation/one_step_mse" in r][-1]
+    return {k.removeprefix("validation/"): v for k, v in last.items() if k != "step"}
+
+
+def _beats_both_baselines(metrics: dict[str, float]) -> None:
+    for k in (10, 100):
+        rollout = metrics[f"rollout_mse_{k}"]
+        assert rollout < metrics[f"baseline_mse_{k}"], (k, metrics)
+        assert rollout < metrics[f"linear_mse_{k}"], (k, metrics)
+
+
+def test_nerd_learns_the_pendulum_better_than_both_baselines(trained: Path):
+    _beats_both_baselines(_last_validation(trained))
+
+
+def test_eval_reproduces_the_runs_last_validation_exactly(trained: Path):
+    assert run_eval(trained / "last.pt") == _last_validation(trained)
+
+
+def test_eval_against_fresh_simulator_episodes_is_deterministic(trained: Path):
+    first = run_eval(trained / "last.pt", env=ENV, episodes=4, steps=120, seed=7)
+    again = run_eval(trained / "last.pt", env=ENV, episodes=4, steps=120, seed=7)
+    other = run_eval(trained / "last.pt", env=ENV, episodes=4, steps=120, seed=8)
+    assert first == again and first != other
+    assert set(first) == set(_last_validation(trained))
+    _beats_both_baselines(first)
+
+
+def test_eval_refuses_what_it_cannot_judge_in_one_line(
+    trained: Path, pendulum: Path, tmp_path: Path, capsys
+):
+    ckpt = str(trained / "last.pt")
+    line = cli_error(capsys, "eval", "--checkpoint", ckpt, "--env", "gymnasium:Nope-v5")
+    assert "gymnasium:Nope-v5" in line
+    line = cli_error(capsys, "eval", "--checkpoint", ckpt, "--set", "validation.horizons=[500]")
+    assert "horizons up to 500" in line
+    v1 = tmp_path / "v1.pt"
+    torch.save({"step": 1, "model": {}, "optimizer": {}, "rng": {}}, v1)
+    assert "records no recipe" in cli_error(capsys, "eval", "--checkpoint", str(v1))
+    ends = pendulum / "episode_ends.npy"
+    saved = ends.read_bytes()
+    try:  # the same files, other episode boundaries: not the data the run trained on
+        values = np.load(ends)
+        values[0] -= 1
+        np.save(ends, values)
+        assert "changed since the run" in cli_error(capsys, "eval", "--checkpoint", ckpt)
+    finally:
+        ends.write_bytes(saved)
+
+
+def test_the_pendulum_recipe_resumes_exactly(pendulum: Path, tmp_path: Path):
+    check_resume_and_revalidate(
+        PENDULUM, NerdPlugin(), stop_at=int(np.random.default_rng().integers(2, 20)),
+        workdir=tmp_path, in_process=True,
+        overrides=[*SMALL, "trainer.steps=20", "trainer.validate_every=10",
+                   "trainer.save_every=10", f"data.path={pendulum}"],
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_nerd_on_two_gloo_workers_beats_both_baselines_and_resumes_exactly(
+    pendulum: Path, tmp_path: Path
+):
+    check = check_resume_and_revalidate(
+        PENDULUM, NerdPlugin(), stop_at=int(np.random.default_rng().integers(2, 400)),
+        workdir=tmp_path, workers=2, launcher=warm_launcher, cwd=REPO,
+        overrides=[*SMALL, f"data.path={pendulum}"], timeout=600,
+    )  # fmt: skip
+    _beats_both_baselines(_last_validation(check.resumed))
