@@ -430,3 +430,21 @@ def test_models_made_before_layouts_still_load_export_and_predict(tmp_path):
     assert torch.equal(
         predictor(tokens, input_names=predictor.input_names), legacy.eval().next_state(tokens)
     )
+
+
+def test_validation_groups_report_each_measure_alone(tmp_path):
+    plugin, trainer, model = build(
+        tmp_path, validation={"groups": {"cart": ["x", "x_dot"], "pole": ["theta", "theta_dot"]}}
+    )
+    with torch.no_grad():
+        metrics = plugin.validate(trainer=trainer, model=model, step=1)
+    for kind in ("rollout", "baseline", "linear"):
+        for k in (3, 12):
+            cart, pole = metrics[f"{kind}_cart_mse_{k}"], metrics[f"{kind}_pole_mse_{k}"]
+            # two halves of the state: the whole-state error is their mean
+            assert metrics[f"{kind}_mse_{k}"] == pytest.approx((cart + pole) / 2, rel=1e-12)
+            assert cart != pole
+    from slhub.errors import DatasetError
+
+    with pytest.raises(DatasetError, match=r"validation.groups.base: 'rootx' is not a state"):
+        build(tmp_path / "bad", validation={"groups": {"base": ["rootx"]}})

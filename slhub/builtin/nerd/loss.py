@@ -154,11 +154,32 @@ def evaluate(
     )
     ahead = torch.arange(1, horizon + 1, dtype=torch.float64)[None, :, None]
     linear_error = angle_aware_error(_wrapped(last + ahead * step, layout), truth, layout)
+    errors = {"rollout": rollout_error, "baseline": baseline_error, "linear": linear_error}
+    groups = measure_columns(layout, cfg)
     for k in sorted(set(cfg.horizons)):
-        metrics[f"rollout_mse_{k}"] = float(rollout_error[:, :k].mean())
-        metrics[f"baseline_mse_{k}"] = float(baseline_error[:, :k].mean())
-        metrics[f"linear_mse_{k}"] = float(linear_error[:, :k].mean())
+        for kind, error in errors.items():
+            metrics[f"{kind}_mse_{k}"] = float(error[:, :k].mean())
+        for group, columns in groups.items():
+            for kind, error in errors.items():
+                metrics[f"{kind}_{group}_mse_{k}"] = float(error[:, :k, columns].mean())
     return metrics
+
+
+def measure_columns(layout: NerdLayout, cfg: ValidationSection) -> dict[str, list[int]]:
+    """``validation.groups`` as state columns.
+
+    :raises DatasetError: a group names a component the state lacks (listing them).
+    """
+    out = {}
+    for group, components in cfg.groups.items():
+        missing = [c for c in components if c not in layout.state_names]
+        if missing:
+            raise DatasetError(
+                f"validation.groups.{group}: {missing[0]!r} is not a state component (the "
+                f"state has: {', '.join(layout.state_names)})"
+            )
+        out[group] = [layout.state_names.index(c) for c in components]
+    return out
 
 
 def _wrapped(values: torch.Tensor, layout: NerdLayout) -> torch.Tensor:

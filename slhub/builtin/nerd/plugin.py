@@ -28,6 +28,7 @@ from slhub.builtin.nerd.loss import (
     evaluate,
     loss_mask,
     masked_mse,
+    measure_columns,
     rollout_episodes,
 )
 from slhub.builtin.nerd.model import DTYPES, NerdLayout, NerdModel
@@ -80,6 +81,7 @@ class NerdPlugin:
         arch = model_cfg.arch(layout)
         data.require_anchors(window_offsets(layout, arch.history), "train")
         rollout_episodes(data, arch.history, val_cfg)
+        measure_columns(layout, val_cfg)
         self._mask = loss_mask(arch, layout, loss_cfg)
         model = NerdModel(arch, layout).to(DTYPES[model_cfg.precision])
         model.set_normalization(*normalization(data, layout))

@@ -145,11 +145,22 @@ class ValidationSection(BaseModel):
 
     horizons: list[int] = Field(default_factory=lambda: [10, 100], min_length=1)
     num_trajectories: int | None = Field(default=None, ge=1, description="default: all")
+    groups: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="measure -> state components (joint_position: [qpos.hinge]): each "
+        "measure's errors are also reported alone, rollout and baselines alike",
+    )
 
     @model_validator(mode="after")
     def _positive(self) -> ValidationSection:
         if any(h < 1 for h in self.horizons):
             raise ValueError("horizons must be >= 1")
+        for name, components in self.groups.items():
+            if not name.isidentifier() or not components:
+                raise ValueError(
+                    f"groups.{name}: a measure is a name (letters, digits, _) with at least "
+                    "one state component"
+                )
         return self
 
 
