@@ -12,10 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import slhub
 import torch
 import yaml
 from slhub.data import open_dataset
-from slhub.testing import check_resume_and_revalidate
+from slhub.testing import assert_tree_equal, check_resume_and_revalidate
 
 from slhub_bc.plugin import BcPlugin
 
@@ -103,6 +104,19 @@ def test_visual_bc_trains_from_every_format_and_resumes_exactly(tmp_path, repo, 
     cameras = len(VISUAL[name]["image"])
     assert [model[f"encoders.{i}.0.weight"].shape[1] for i in range(cameras)] == [6] * cameras
     assert f"encoders.{cameras}.0.weight" not in model  # 2 RGB frames per camera
+
+
+def test_decode_threads_do_not_change_visual_bc(tmp_path, repo, copy_dataset):
+    """Video windows decoded ahead on 2 threads (``data.decode``) resume exactly, and the
+    run equals the one decoding in the loop's own thread, bit for bit."""
+    ahead = ["data.decode.ahead=2", "data.decode.workers=2"]
+    check = _check(tmp_path, repo, copy_dataset, "lerobot_v30", "visual", VISUAL["lerobot_v30"],
+                   in_process=True, overrides=ahead)  # fmt: skip
+    assert check.final("resumed").ranks[0]["bc"]["pending"].shape == (2, 4, 2)
+    inline = tmp_path / "inline"
+    slhub.train(tmp_path / "visual.yaml", ["data.decode.ahead=2", f"trainer.output_dir={inline}"])
+    threaded = torch.load(check.uninterrupted / "last.pt", weights_only=True)
+    assert_tree_equal(threaded["model"], torch.load(inline / "last.pt", weights_only=True)["model"])
 
 
 def _torchrun(recipe: Path, repo: Path, *sets: str) -> subprocess.CompletedProcess:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel
 from slhub import LossResult, RecipeError, hookimpl
-from slhub.data import PAD_SUFFIX, TrainingData, cartpole_step
+from slhub.data import PAD_SUFFIX, TrainingData, WindowStream, cartpole_step
 
 from slhub_bc.data import IMAGE, STATE, cameras, offsets_of, open_data, to_batch
 from slhub_bc.model import Policy, StatePolicy, VisualPolicy
@@ -38,6 +38,7 @@ class BcPlugin:
 
     def __init__(self) -> None:
         self._data: TrainingData | None = None
+        self._stream: WindowStream | None = None
 
     @hookimpl
     def recipe_sections(self) -> dict[str, type[BaseModel]]:
@@ -82,21 +83,34 @@ class BcPlugin:
                 hidden=cfg.hidden,
             )
         self._data = data
+        self._stream = data.stream(offsets, trainer.config.batch_size)  # data.decode
         return model.to(DTYPES[cfg.precision])
 
     # -------------------------------------------------------------- every update
 
     @hookimpl
     def sample(self, trainer: Any, generator: torch.Generator) -> dict[str, torch.Tensor]:
-        cfg: BcSection = trainer.section(SECTION)
-        data = self._require_data()
-        window = data.sample(offsets_of(cfg, data), trainer.config.batch_size, generator)
-        return to_batch(window, DTYPES[cfg.precision], trainer.device)
+        if self._stream is None:
+            raise RuntimeError("the bc plugin's build_model has not run")
+        window = self._stream.next(generator)
+        return to_batch(window, DTYPES[trainer.section(SECTION).precision], trainer.device)
 
     @hookimpl
     def objective(self, trainer: Any, model: torch.nn.Module, batch: dict) -> LossResult:
         loss, weight = masked_error(model, batch)
         return LossResult(loss=loss / max(weight, 1), weight=weight)
+
+    @hookimpl
+    def state_dict(self, trainer: Any) -> dict[str, Any] | None:
+        """The windows drawn ahead of the loop (``data.decode.ahead``), if any."""
+        if self._stream is None or not self._stream.ahead:
+            return None
+        return {SECTION: self._stream.state_dict()}
+
+    @hookimpl
+    def load_state_dict(self, trainer: Any, state: dict[str, Any]) -> None:
+        if self._stream is not None and SECTION in state:
+            self._stream.load_state_dict(state[SECTION])
 
     # -------------------------------------------------------------- validation
 
@@ -125,11 +139,6 @@ class BcPlugin:
             with torch.no_grad():
                 metrics["balanced"] = balanced_fraction(cfg, starts, act, max_force)
         return metrics
-
-    def _require_data(self) -> TrainingData:
-        if self._data is None:
-            raise RuntimeError("the bc plugin's build_model has not run")
-        return self._data
 
 
 def masked_error(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[Any, int]:
