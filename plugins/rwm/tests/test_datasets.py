@@ -103,22 +103,41 @@ def test_windows_decoded_ahead_resume_exactly(tmp_path, repo, copy_dataset):
     assert rank["rwm"]["pending"].shape == (2, 8, 2)
 
 
-def test_the_checkpoint_alone_rebuilds_the_trained_model(tmp_path, repo, copy_dataset):
-    """Names, angles and normalization travel in the state dict: the final weights predict
-    from the dataset's windows without the recipe."""
+def test_the_checkpoint_alone_and_the_export_rebuild_the_trained_model(tmp_path, repo,
+                                                                        copy_dataset):  # fmt: skip
+    """Names, angles and normalization travel in the state dict and the export: both
+    predict from the dataset's windows exactly as the trained model does, without the
+    recipe."""
     import slhub
+    from slhub.export import load, read_manifest
 
     dataset = copy_dataset("robomimic.hdf5")
     angles = {"rwm": {"angles": ["obs/qpos[2]"]}}
     recipe = _recipe(repo, tmp_path, dataset, FORMATS["robomimic.hdf5"], **angles)
     slhub.train(recipe)
-    state = torch.load(tmp_path / "run" / "last.pt", weights_only=True)["model"]
-    model = WorldModel.from_state_dict(state)
+    checkpoint = tmp_path / "run" / "last.pt"
+    model = WorldModel.from_state_dict(torch.load(checkpoint, weights_only=True)["model"])
     assert model.layout.angle_names == ("obs/qpos[2]",)
     assert model.layout.state_names[:2] == ("obs/qpos[0]", "obs/qpos[1]")
     assert model.layout.state_names[6] == "obs/qvel[0]"
     assert model.layout.feature_dim == 12 + 3 + 1
     assert not torch.equal(model.delta_std, torch.ones(12))
+
+    out = tmp_path / "export"
+    command = [sys.executable, "-m", "slhub", "export", "--checkpoint", str(checkpoint),
+               "--out", str(out)]  # fmt: skip
+    proc = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    manifest = read_manifest(out)
+    assert manifest["kind"] == "rwm" and manifest["layout"]["angles"] == ["obs/qpos[2]"]
+    assert manifest["input_names"] == ["actions[0]", "actions[1]", "actions[2]"]
+    exported = load(out)
+    assert isinstance(exported, WorldModel) and not exported.training
+    windows = torch.randn(5, 7, 12, dtype=torch.float64).float(), torch.randn(5, 6, 3)
+    with torch.no_grad():
+        assert torch.equal(exported(*windows, 3), model(*windows, 3))
+    for key, value in model.state_dict().items():
+        assert torch.equal(exported.state_dict()[key], value), key
 
 
 def _env() -> dict[str, str]:

@@ -7,6 +7,7 @@ roles, windows and normalization in :mod:`slhub_rwm.data` and the network in
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ from slhub_rwm.data import (
     validation_anchors,
     window_offsets,
 )
+from slhub_rwm.export import export_checkpoint
 from slhub_rwm.model import RwmLayout, WorldModel
 from slhub_rwm.sections import SECTION, SECTIONS, DataSection, RwmSection
 
@@ -123,6 +125,11 @@ class RwmPlugin:
         metrics["relative_error"] = error / scale
         metrics["baseline_relative_error"] = baseline / scale
         return metrics
+
+    @hookimpl
+    def export(self, checkpoint: Any, checkpoint_path: Path, out_dir: Path) -> Path | None:
+        """``model.safetensors`` and ``export.json`` (:mod:`slhub_rwm.export`)."""
+        return export_checkpoint(checkpoint, checkpoint_path, out_dir)
 
     def _require_data(self) -> tuple[TrainingData, RwmLayout]:
         if self._data is None or self._layout is None:
