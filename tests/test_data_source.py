@@ -266,20 +266,61 @@ def test_a_dataset_changed_since_the_run_started_is_refused_on_resume(tmp_path, 
     assert not (tmp_path / "again").exists()
 
 
+def _truncated(tmp_path: Path) -> Path:
+    path = _copy("robomimic.hdf5", tmp_path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return path
+
+
+def _not_a_dataset(tmp_path: Path) -> Path:
+    folder = tmp_path / "data" / "notes"
+    folder.mkdir(parents=True)
+    (folder / "readme.txt").write_text("not episodes")
+    return folder
+
+
+def _with_nan(tmp_path: Path) -> Path:
+    episodes = [{"s": np.zeros((20, 2)), "u": np.zeros((20, 1))} for _ in range(4)]
+    episodes[1]["s"][7, 0] = np.inf
+    return write_store(ArrayEpisodes(episodes), tmp_path / "data" / "nan")
+
+
+ZARR = ("replay.zarr", FORMATS["replay.zarr"])
+SU = {"state": ["s"], "action": ["u"]}
+
+
 @pytest.mark.parametrize(
-    ("features", "changes", "match"),
+    ("dataset", "features", "changes", "match"),
     [
-        ({"state": ["nope"], "action": ["action"]}, {}, "names feature 'nope'"),
-        (FORMATS["replay.zarr"], {"validation__horizons": [60]}, "horizons up to 60"),
-        (FORMATS["replay.zarr"], {"model__angles": ["theta"]}, "angle 'theta' is not a state"),
+        (ZARR[0], {"state": ["nope"], "action": ["action"]}, {}, "names feature 'nope'"),
+        (ZARR[0], {"state": ["img"], "action": ["action"]}, {}, "takes vectors or scalars"),
+        (*ZARR, {"validation__horizons": [60]}, "horizons up to 60"),
+        (*ZARR, {"model__history": 60}, "every train episode is shorter than the window"),
+        (*ZARR, {"model__angles": ["theta"]}, "angle 'theta' is not a state"),
+        (*ZARR, {"data__format": "lerobot"}, "cannot read LeRobot's info.json"),
+        (_not_a_dataset, SU, {}, "format"),
+        (_truncated, FORMATS["robomimic.hdf5"], {}, "robomimic.hdf5"),
+        (_with_nan, SU, {}, "feature s is not finite at episode 1, step 7"),
+        (*ZARR, {"data__split": {"train": [0, 1, 2, 3]}}, "the validation split holds no"),
     ],
 )
-def test_nerd_bad_data_is_one_line_and_leaves_no_run(tmp_path, capsys, features, changes, match):
-    dataset = _copy("replay.zarr", tmp_path)
-    recipe = _nerd_recipe(tmp_path, dataset, features, **changes)
+def test_nerd_bad_data_is_one_line_and_leaves_no_run(
+    tmp_path, capsys, dataset, features, changes, match
+):
+    path = dataset(tmp_path) if callable(dataset) else _copy(dataset, tmp_path)
+    split = changes.pop("data__split", None)
+    fmt = changes.pop("data__format", None)
+    recipe = _nerd_recipe(tmp_path, path, features, **changes)
+    if split or fmt:
+        import yaml
+
+        raw = yaml.safe_load(recipe.read_text())
+        raw["data"].update({"split": split} if split else {}, **({"format": fmt} if fmt else {}))
+        recipe.write_text(yaml.safe_dump(raw))
     line = cli_error(capsys, "train", "--config", str(recipe))
     assert match in line, line
-    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    assert not (tmp_path / "run").exists()
 
 
 # --------------------------------------------------------------------------- decode ahead
