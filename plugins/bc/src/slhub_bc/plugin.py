@@ -56,6 +56,8 @@ class BcPlugin:
                 "path has no simulator here, set bc.rollouts: 0"
             )
         data = open_data(cfg, data_cfg, trainer)
+        if cfg.rollouts:
+            _check_rollouts(data)
         offsets = offsets_of(cfg, data)
         data.require_anchors(offsets, "train")
         if data.split.validation:
@@ -166,6 +168,15 @@ def _validation_starts(data: TrainingData, count: int) -> np.ndarray:
     return np.stack([np.asarray(data.dataset.read(STATE, e, 0, 1))[0] for e in episodes])
 
 
+def _check_rollouts(data: TrainingData) -> None:
+    """Rollouts simulate the state and render the frame, so the policy must read those."""
+    layouts = data.layouts
+    if "observation" in layouts and layouts["observation"].features != (STATE,):
+        raise RecipeError("bc.rollouts: the observation role must be the demonstrations' state")
+    if any(layouts[role].features != (IMAGE,) for role in cameras(data)):
+        raise RecipeError("bc.rollouts: the camera must be the demonstrations' image")
+
+
 def _policy_on(
     net: Policy, data: TrainingData, dtype: torch.dtype, device: torch.device
 ) -> Callable[[np.ndarray], np.ndarray]:
@@ -173,11 +184,7 @@ def _policy_on(
     it was trained on (the state and/or the rendered frames) and returns the first
     force of its chunk ``[B]``."""
     layouts = data.layouts
-    if "observation" in layouts and layouts["observation"].features != (STATE,):
-        raise RecipeError("bc.rollouts: the observation role must be the demonstrations' state")
     views = cameras(data)
-    if any(layouts[role].features != (IMAGE,) for role in views):
-        raise RecipeError("bc.rollouts: the camera must be the demonstrations' image")
 
     def act(history: np.ndarray) -> np.ndarray:
         window: dict[str, np.ndarray] = {"action": np.zeros((len(history), 1, 1))}
