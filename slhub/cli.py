@@ -5,7 +5,7 @@ slhub train --config RECIPE.yaml [--set a.b=VALUE ...] [--resume CKPT|auto] [--o
 slhub launch [torchrun options] train ...   (slhub.launch: torch's elastic agent)
 slhub plugins
 slhub inspect CKPT
-slhub export --checkpoint CKPT --out DIR [--plugin NAME]
+slhub export --checkpoint CKPT --out DIR [--plugin NAME] [--onnx]
 slhub plot RUN_DIR [--out FILE.png]
 slhub data info|check PATH [--format NAME]; slhub data convert SRC DST [--format NAME]
 slhub data collect DST --env gymnasium:ENV --episodes N --steps T --seed S [--actions ...]
@@ -163,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
         "export",
         "export a checkpoint for inference",
         "examples:\n  slhub export --checkpoint outputs/nerd_cartpole/last.pt --out exported/nerd\n"
-        "  slhub export --checkpoint C.pt --out D --plugin examples.sl_ddp.plugin:SlDdpPlugin"
+        "  slhub export --checkpoint C.pt --out D --plugin examples.sl_ddp.plugin:SlDdpPlugin\n"
+        "  slhub export --checkpoint outputs/nerd_cartpole/last.pt --out exported/nerd --onnx"
         "\n\n" + EXIT_CODES,
     )
     export.add_argument("--checkpoint", required=True, metavar="CKPT", help="checkpoint to read")
@@ -173,6 +174,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="plugin to export with (entry-point name or package.module:object); "
         "default: the installed plugin the checkpoint names",
+    )
+    export.add_argument(
+        "--onnx",
+        action="store_true",
+        help="also write model.onnx beside the weights (needs pip install 'slhub[onnx]')",
     )
 
     evaluate = _command(
@@ -412,8 +418,9 @@ def _export(args: argparse.Namespace) -> None:
     from slhub.export.command import run_export
 
     log.configure("console")  # a failing export hook's traceback goes to stderr
-    done = run_export(args.checkpoint, args.out, plugin=args.plugin)
-    print(f"exported {args.checkpoint} to {done.path} with {done.plugin.describe()}")
+    done = run_export(args.checkpoint, args.out, plugin=args.plugin, onnx=args.onnx)
+    also = " (and model.onnx)" if args.onnx else ""
+    print(f"exported {args.checkpoint} to {done.path}{also} with {done.plugin.describe()}")
 
 
 def _eval(args: argparse.Namespace) -> None:

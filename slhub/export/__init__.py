@@ -15,10 +15,15 @@ beyond what is installed under that name.
 A directory that is not a readable export of an installed kind raises
 :class:`slhub.ExportError` (a ``ValueError``). Exporters write the files of an
 export directory with :func:`atomic_write`, ``export.json`` last.
+
+An export kind with an ONNX form gives its loaded predictor a
+``write_onnx(directory)`` method, which ``slhub export --onnx`` calls on the
+export it has just written; it calls :func:`require_onnx` first.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Callable
 from importlib.metadata import entry_points
@@ -31,17 +36,23 @@ from slhub.atomic import atomic_write
 from slhub.errors import ExportError, one_line
 
 SUPPORTED_FORMATS = ("slhub.export/1",)
+#: What to run when the ONNX libraries are missing.
+ONNX_EXTRA = "pip install 'slhub[onnx]'"
+#: The modules ONNX export and its check need (the ``onnx`` extra).
+ONNX_MODULES = ("onnx", "onnxscript", "onnxruntime")
 #: Entry-point group mapping an export ``kind`` to ``loader(directory, manifest) -> nn.Module``.
 LOADER_GROUP = "slhub.exports"
 
 __all__ = [
     "LOADER_GROUP",
+    "ONNX_EXTRA",
     "SUPPORTED_FORMATS",
     "Checkpoint",
     "atomic_write",
     "load",
     "loaders",
     "read_manifest",
+    "require_onnx",
 ]
 
 
@@ -74,6 +85,23 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
             f"{path} has export format {found!r}; this slhub reads {', '.join(SUPPORTED_FORMATS)}"
         )
     return manifest
+
+
+def require_onnx() -> None:
+    """Raise :class:`slhub.ExportError` naming the ``onnx`` extra unless every module of
+    :data:`ONNX_MODULES` imports (a half-installed extra fails here, not mid-export).
+    """
+    missing = []
+    for name in ONNX_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise ExportError(
+            f"ONNX export needs {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'}"
+            f" not installed: {ONNX_EXTRA}"
+        )
 
 
 def loaders() -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""``slhub export --checkpoint CKPT --out DIR [--plugin NAME]``.
+"""``slhub export --checkpoint CKPT --out DIR [--plugin NAME] [--onnx]``.
 
 The exporter is chosen among installed plugins, never by the file: a v2
 checkpoint records the name of the model plugin that wrote it, and only an
@@ -15,6 +15,11 @@ holding :attr:`~slhub.checkpoint.Checkpoint.evaluation_weights` (the weights the
 validated and picked ``best.pt`` by), and ``export.json`` then records
 ``weights: {source: ema, updates: N, ema: SECTION}`` so a reader knows which weights
 it holds.
+
+With ``--onnx`` the export just written is loaded (:func:`slhub.export.load`) and
+its predictor's ``write_onnx(directory)`` adds ``model.onnx`` and records it in
+``export.json``; a kind whose predictor has no such method is refused, and a missing
+``onnx`` extra is refused before the checkpoint is read.
 """
 
 from __future__ import annotations
@@ -27,7 +32,15 @@ from pathlib import Path
 
 from slhub import checkpoint, log, registry
 from slhub.atomic import atomic_write
-from slhub.errors import ArtifactError, CheckpointError, PluginError, SlhubError, one_line
+from slhub.errors import (
+    ArtifactError,
+    CheckpointError,
+    ExportError,
+    PluginError,
+    SlhubError,
+    one_line,
+)
+from slhub.export import load, read_manifest, require_onnx
 from slhub.paths import path_errors, user_path
 
 
@@ -106,6 +119,28 @@ def _record_ema_weights(exported: Exported, ckpt: checkpoint.Checkpoint) -> None
     atomic_write(json.dumps(manifest, indent=2) + "\n", manifest_path)
 
 
+def _write_onnx(exported: Exported) -> None:
+    """Add the ONNX form to the export just written, through its own loader."""
+    predictor = load(exported.path)
+    writer = getattr(predictor, "write_onnx", None)
+    if not callable(writer):
+        kind = read_manifest(exported.path).get("kind")
+        raise ExportError(
+            f"exports of kind {kind!r} (by {exported.plugin.describe()}) have no ONNX form; "
+            "export without --onnx"
+        )
+    writer(exported.path)
+
+
+def _empty(directory: Path) -> None:
+    """Remove everything inside ``directory`` (an export destination that was empty)."""
+    for child in directory.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
+
+
 def _short(value: object, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -132,24 +167,33 @@ def choose_exporter(ckpt: checkpoint.Checkpoint, path: Path, plugin: str | None)
 
 
 def run_export(
-    checkpoint_path: str | Path, out_dir: str | Path, plugin: str | None = None
+    checkpoint_path: str | Path,
+    out_dir: str | Path,
+    plugin: str | None = None,
+    onnx: bool = False,
 ) -> Exported:
     """Export ``checkpoint_path`` into the new or empty directory ``out_dir``.
 
     :param plugin: the plugin to export with (entry-point name or
         ``package.module:object``); default: the installed plugin the
         checkpoint names.
+    :param onnx: also write the export's ONNX form (``model.onnx``).
+    :raises ExportError: ``onnx`` is asked and the ``onnx`` extra is missing, or the
+        export has no ONNX form, or its exporter refuses (a bfloat16 NeRD model).
     :raises ArtifactError: ``out_dir`` is not empty, not a directory or cannot be made.
     :raises CheckpointError: the checkpoint is missing or damaged, or no plugin
         recognizes it.
     :raises PluginError: the checkpoint's plugin is not installed, or ``plugin``
         does not load, or its export hook fails (a plain exception is logged with
         its traceback first), returns no path, or writes no ``export.json`` there.
-        An ``out_dir`` created here is removed again on any failure.
+        An ``out_dir`` created here is removed again on any failure, and one that
+        was empty is emptied again.
     """
     checkpoint_path = user_path(checkpoint_path, "checkpoint", CheckpointError)
     out_dir = user_path(out_dir, "export destination", ArtifactError)
     _refuse_unusable(out_dir)  # before the (possibly slow) checkpoint load
+    if onnx:
+        require_onnx()
     ckpt = checkpoint.load(checkpoint_path)
     pm, candidates = registry.export_manager(choose_exporter(ckpt, checkpoint_path, plugin))
     created = _claim_out_dir(out_dir)
@@ -171,10 +215,14 @@ def run_export(
                 exported = Exported(_exported_dir(result, source), source)
                 if ckpt.ema is not None:
                     _record_ema_weights(exported, ckpt)
+                if onnx:
+                    _write_onnx(exported)
                 return exported
     except BaseException:
         if created:
             shutil.rmtree(out_dir, ignore_errors=True)
+        elif onnx:  # it was empty: what is there now is this export's
+            _empty(out_dir)
         raise
     if created:
         shutil.rmtree(out_dir, ignore_errors=True)

@@ -80,18 +80,22 @@ def write_export(model: NerdModel, out_dir: Path, provenance: dict[str, Any]) ->
 
 
 class NerdPredictor(nn.Module):
-    """An exported NeRD model, ready for inference.
+    """An exported NeRD model, ready for inference and for use in place of a simulator.
 
-    Inputs are history tokens ``[batch, length, features]`` whose last axis is
-    ordered as :attr:`input_names` (the state, then the action). Every call
-    names that order with ``input_names=`` and is checked against the export:
-    a different order, feature count, dtype or an over-long history raises
-    ValueError instead of predicting from misread inputs. Inputs are never
-    cast implicitly.
+    A token is one step ``[state, action, extra inputs]``, its last axis ordered as
+    :attr:`input_names`; a state is ordered as :attr:`state_names`, an action (with
+    the extra inputs after it) as :attr:`action_names` + :attr:`extra_names`.
+    Every call that takes tokens names their order with ``input_names=`` and is
+    checked against the export: a different order, feature count, dtype or an
+    over-long history raises ValueError instead of predicting from misread
+    inputs. Inputs are never cast implicitly; normalization happens inside.
 
     >>> predictor = slhub.export.load("exports/nerd_cartpole")
     >>> predictor.input_names
     ('x', 'theta', 'x_dot', 'theta_dot', 'force')
+    >>> sim = predictor.simulator(past_tokens, state, input_names=predictor.input_names)
+    >>> next_state = sim.step(action)                                          # [B, 4]
+    >>> next_state = predictor.step(past_tokens, state, action, input_names=...)  # stateless
     >>> next_state = predictor(tokens, input_names=predictor.input_names)   # [B, 4]
     >>> states = predictor.rollout(tokens, future_actions, input_names=...)  # [B, K, 4]
     """
@@ -118,7 +122,7 @@ class NerdPredictor(nn.Module):
     def architecture(self) -> NerdArch:
         return self.model.arch
 
-    def _check(self, tokens: torch.Tensor, input_names: Sequence[str]) -> None:
+    def _check_names(self, input_names: Sequence[str]) -> None:
         names = tuple(input_names)
         if names != self.input_names:
             if sorted(names) == sorted(self.input_names):
@@ -129,6 +133,9 @@ class NerdPredictor(nn.Module):
                 f"input features {list(names)} {problem}: this NeRD export expects "
                 f"{list(self.input_names)} (state, action, extra inputs) on the last axis"
             )
+
+    def _check(self, tokens: torch.Tensor, input_names: Sequence[str]) -> None:
+        self._check_names(input_names)
         if not isinstance(tokens, torch.Tensor):
             raise ValueError(f"inputs must be a torch.Tensor, got {type(tokens).__name__}")
         if tokens.dtype != self.dtype:
@@ -198,6 +205,126 @@ class NerdPredictor(nn.Module):
             raise ValueError(f"a non-causal rollout needs exactly {self.history} history steps")
         with torch.no_grad():
             return self.model.rollout(tokens, future_actions)
+
+    def step(
+        self,
+        history: torch.Tensor,
+        state: torch.Tensor,
+        action: torch.Tensor,
+        *,
+        input_names: Sequence[str],
+    ) -> torch.Tensor:
+        """The state after applying ``action`` in ``state``: a simulator's step, stateless.
+
+        :param history: the tokens of the steps before ``state``, ``[batch, L, features]``
+            oldest first; only the last ``history - 1`` are used, and ``L`` may be 0 for
+            a causal model (a non-causal one needs at least ``history - 1``).
+        :param state: the current state ``[batch, state_dim]``.
+        :param action: the action and extra inputs applied in it ``[batch, action_dim +
+            extra_dim]``.
+        :param input_names: the order of the tokens' last axis; must equal
+            :attr:`input_names`.
+        :returns: the next state ``[batch, state_dim]``, its angles wrapped.
+        """
+        self._check_step(history, state, action, input_names)
+        with torch.no_grad():
+            return self.model.next_state(self.model.advance(history, state, action))
+
+    def simulator(
+        self, history: torch.Tensor, state: torch.Tensor, *, input_names: Sequence[str]
+    ) -> NerdSimulator:
+        """A stateful stand-in for a simulator, started in ``state`` after ``history``.
+
+        Its :meth:`NerdSimulator.step` takes an action, returns the next state and
+        remembers the last :attr:`history` tokens, so ``state = sim.step(action)``
+        replaces the simulator's step in a control loop. Stepping it along an
+        episode's recorded actions reproduces :meth:`rollout` (and the validation
+        rollouts of the trained run) bit for bit, for the same batch of episodes.
+
+        :param history: tokens of the steps before ``state`` (as for :meth:`step`).
+        :param state: the state to start in ``[batch, state_dim]``.
+        """
+        self._check_step(history, state, None, input_names)
+        kept = history[:, max(history.shape[1] - (self.history - 1), 0) :]
+        return NerdSimulator(self, kept, state)
+
+    def write_onnx(self, directory: str | Path) -> Path:
+        """Write ``model.onnx`` into this export's directory and record it in export.json.
+
+        The graph maps tokens ``[batch, length, features]`` to the next state, like
+        calling the predictor; see :mod:`slhub.builtin.nerd.onnx_export`. Needs the
+        ``onnx`` extra (``pip install 'slhub[onnx]'``).
+
+        :raises slhub.ExportError: the extra is missing or the model cannot be written
+            as ONNX (weights other than float32).
+        """
+        from slhub.builtin.nerd.onnx_export import write_onnx
+
+        self.manifest = write_onnx(self.model, Path(directory))
+        return Path(directory) / self.manifest["onnx"]["file"]
+
+    def _check_step(
+        self,
+        history: torch.Tensor,
+        state: torch.Tensor,
+        action: torch.Tensor | None,
+        input_names: Sequence[str],
+    ) -> None:
+        """Raise ValueError unless the arguments of :meth:`step` fit this export."""
+        self._check_names(input_names)
+        controls = self.action_names + self.extra_names
+        parts = [("state", state, self.state_names), ("history", history, self.input_names)]
+        if action is not None:
+            parts.append(("action", action, controls))
+        for name, tensor, names in parts:
+            if not isinstance(tensor, torch.Tensor):
+                raise ValueError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+            if tensor.dtype != self.dtype:
+                raise ValueError(
+                    f"{name} has dtype {tensor.dtype} but this NeRD export was trained in "
+                    f"{self.dtype}; convert explicitly with .to({self.dtype})"
+                )
+            dims = 3 if name == "history" else 2
+            if tensor.dim() != dims or tensor.shape[-1] != len(names):
+                shape = "[batch, L, " if dims == 3 else "[batch, "
+                raise ValueError(
+                    f"{name} must have shape {shape}{len(names)}] ({list(names)}), got "
+                    f"{list(tensor.shape)}"
+                )
+            if tensor.shape[0] != state.shape[0]:
+                raise ValueError(
+                    f"{name} holds {tensor.shape[0]} batch rows, the state {state.shape[0]}"
+                )
+        if not self.causal and history.shape[1] < self.history - 1:
+            raise ValueError(
+                f"this non-causal NeRD export needs at least {self.history - 1} history "
+                f"tokens before the state, got {history.shape[1]}"
+            )
+
+
+class NerdSimulator:
+    """A NeRD export used as a simulator: ``next_state = sim.step(action)``.
+
+    Made by :meth:`NerdPredictor.simulator`. It keeps the current :attr:`state` and
+    :attr:`tokens`, the last ``history`` completed steps (oldest first), and slides
+    them exactly as :meth:`NerdModel.rollout` does, so its states equal a rollout's.
+    """
+
+    def __init__(self, predictor: NerdPredictor, tokens: torch.Tensor, state: torch.Tensor) -> None:
+        self.predictor = predictor
+        self.tokens = tokens
+        self.state = state
+
+    def step(self, action: torch.Tensor) -> torch.Tensor:
+        """Apply ``action`` (``[batch, action_dim + extra_dim]``, the extra inputs after
+        the action) in the current state and return the next state ``[batch, state_dim]``.
+        """
+        predictor = self.predictor
+        predictor._check_step(self.tokens, self.state, action, predictor.input_names)
+        with torch.no_grad():
+            self.tokens = predictor.model.advance(self.tokens, self.state, action)
+            self.state = predictor.model.next_state(self.tokens)
+        return self.state
 
 
 def load_export(directory: Path, manifest: dict[str, Any]) -> NerdPredictor:

@@ -442,11 +442,22 @@ class NerdModel(nn.Module):
         :returns: the next ``K`` states ``[batch, K, state_dim]``; the window slides,
             keeping the last ``history`` tokens.
         """
-        history = self.arch.history
-        window = tokens[:, -history:]
+        window = tokens[:, -self.arch.history :]
         states = [self.next_state(window)]
         for k in range(future_actions.shape[1]):
-            token = torch.cat([states[-1], future_actions[:, k]], dim=-1).unsqueeze(1)
-            window = torch.cat([window, token], dim=1)[:, -history:]
+            window = self.advance(window, states[-1], future_actions[:, k])
             states.append(self.next_state(window))
         return torch.stack(states, dim=1)
+
+    def advance(
+        self, window: torch.Tensor, state: torch.Tensor, controls: torch.Tensor
+    ) -> torch.Tensor:
+        """``window`` with the token ``[state, controls]`` appended, keeping the last
+        ``history`` tokens: the one way a rollout and an exported simulator slide, so
+        that stepping one reproduces the other bit for bit.
+
+        :param window: ``[batch, length, features]`` (``length`` may be 0).
+        :param state: ``[batch, state_dim]``; ``controls``: ``[batch, action_dim + extra_dim]``.
+        """
+        token = torch.cat([state, controls], dim=-1).unsqueeze(1)
+        return torch.cat([window, token], dim=1)[:, -self.arch.history :]
