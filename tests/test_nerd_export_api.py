@@ -325,6 +325,28 @@ def test_onnxruntime_predicts_what_the_torch_export_predicts(run, exported):
     torch.testing.assert_close(torch.from_numpy(np.stack(states, 1)), rolled, rtol=1e-4, atol=1e-5)
 
 
+def test_a_non_causal_model_takes_exactly_its_history_in_onnx(tmp_path):
+    """Full attention sees the whole window, so the graph's length is fixed; written
+    from Python into the export's own directory, and refused into another."""
+    import onnxruntime
+
+    model = _model(history=3, causal=0)
+    predictor = _predictor(model, tmp_path)
+    path = predictor.write_onnx(tmp_path / "export")
+    assert predictor.manifest["onnx"]["length"] == [3, 3]
+    assert json.loads((tmp_path / "export" / "export.json").read_text()) == predictor.manifest
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (shape,) = [i.shape for i in session.get_inputs()]
+    assert shape[1:] == [3, 4]
+    tokens = torch.randn(6, 3, 4, generator=torch.Generator().manual_seed(3))
+    (found,) = session.run(["next_state"], {"tokens": tokens.numpy()})
+    expected = predictor(tokens, input_names=predictor.input_names)
+    torch.testing.assert_close(torch.from_numpy(found), expected, rtol=1e-5, atol=1e-6)
+    other = _predictor(_model(history=4), tmp_path / "other")
+    with pytest.raises(ExportError, match="holds another export"):
+        other.write_onnx(tmp_path / "export")
+
+
 @pytest.mark.parametrize("precision", ["bfloat16", "float64"])
 def test_onnx_of_other_dtypes_is_one_line_and_leaves_nothing(tmp_path, capsys, precision):
     model = _model(history=3).to(getattr(torch, precision))

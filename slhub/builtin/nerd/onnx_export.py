@@ -67,11 +67,22 @@ def write_onnx(model: NerdModel, directory: Path) -> dict[str, Any]:
     beside it; ``model.onnx`` is removed again when the manifest cannot be written.
 
     :returns: the updated manifest.
-    :raises slhub.ExportError: the ``onnx`` extra is missing, the weights are not
-        float32, torch cannot write the graph, or onnxruntime predicts differently.
+    :raises slhub.ExportError: the ``onnx`` extra is missing, ``directory`` holds
+        another model's export, the weights are not float32, torch cannot write the
+        graph, or onnxruntime predicts differently.
     """
     require_onnx()
     manifest = read_manifest(directory)
+    arch, layout = model.arch, model.layout
+    if (
+        manifest.get("kind") != KIND
+        or manifest.get("input_names") != list(layout.input_names)
+        or manifest.get("architecture") != arch.to_dict()
+    ):
+        raise ExportError(
+            f"{directory} holds another export than this NeRD model's; write its ONNX form "
+            "into the directory it was loaded from"
+        )
     dtype = next(model.parameters()).dtype
     if dtype != torch.float32:
         raise ExportError(
@@ -79,7 +90,6 @@ def write_onnx(model: NerdModel, directory: Path) -> dict[str, Any]:
             "(onnxruntime does not run its graph in that dtype): train with "
             "model.precision: float32, or use the safetensors export"
         )
-    arch, layout = model.arch, model.layout
     model = model.eval()
     graph = _export(_NextState(model), arch.history, bool(arch.causal), len(layout.input_names))
     _set_metadata(graph, model)
