@@ -5,6 +5,7 @@ on one process, and on 2 Gloo workers."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import slhub
 import torch
 import yaml
 from slhub.data import open_dataset
-from slhub.testing import assert_tree_equal, check_resume_and_revalidate
+from slhub.testing import StandInTrainer, assert_tree_equal, check_resume_and_revalidate
 
 from slhub_bc.plugin import BcPlugin
 
@@ -150,3 +151,37 @@ def test_bc_resumes_exactly_on_two_gloo_workers(tmp_path, repo, copy_dataset, na
     features = (STATE if observation == "state" else VISUAL)[name]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     _check(tmp_path, repo, copy_dataset, name, observation, features, workers=2, env=env)
+
+
+@pytest.mark.parametrize(
+    ("name", "observation"), [("robomimic.hdf5", "visual"), ("minari_arrow", "state")]
+)
+def test_the_export_carries_the_normalization_and_acts_as_the_checkpoint(
+    tmp_path, repo, copy_dataset, name, observation
+):
+    from slhub.export import load
+    from slhub.export.command import run_export
+
+    features = (STATE if observation == "state" else VISUAL)[name]
+    dataset = copy_dataset(name)
+    slhub.train(_recipe(tmp_path, repo, dataset, observation, features))
+    run_export(tmp_path / "run" / "last.pt", tmp_path / "export")
+    policy = load(tmp_path / "export")
+    last = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
+    assert all(torch.equal(policy.state_dict()[k], v) for k, v in last["model"].items())
+    assert set(policy.state_dict()) == set(last["model"])
+    manifest = json.loads((tmp_path / "export" / "export.json").read_text())
+    assert manifest["kind"] == "bc" and manifest["features"] == features
+    assert manifest["offsets"] == {"observation": [-1, 0], "action": list(range(16))}
+    plugin = BcPlugin()
+    trainer = StandInTrainer(plugin, {k: last["run"]["recipe"][k] for k in ("bc", "data")},
+                             **last["run"]["recipe"]["trainer"])  # fmt: skip
+    trained = trainer.build(plugin)
+    trained.load_state_dict(last["model"])
+    batch = plugin.sample(trainer=trainer, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(policy.act(batch), trained.eval().act(batch))
+    mean, std = batch["action"].mean(), policy.action_std
+    assert (
+        policy.act(batch).shape == batch["action"].shape and bool(mean.isfinite()) and std.min() > 0
+    )

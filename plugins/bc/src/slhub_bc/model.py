@@ -115,7 +115,8 @@ class VisualPolicy(Policy):
     ) -> None:
         super().__init__(observation, action, chunk)
         c = channels
-        self.cameras = len(cameras)
+        # (H, W, C) per camera: what an export needs to rebuild the encoders
+        self.register_buffer("camera_shapes", torch.tensor(cameras, dtype=torch.int64))
         self.encoders = nn.ModuleList(
             nn.Sequential(
                 nn.Conv2d(history * depth, c, 5, stride=2, padding=2),

@@ -5,6 +5,9 @@ recipe sections are :mod:`~slhub_bc.sections`, the roles and windows
 :mod:`~slhub_bc.data`, the networks :mod:`~slhub_bc.model`, and the LQR expert whose
 demonstrations make the default dataset :mod:`~slhub_bc.expert`.
 
+Export: :mod:`~slhub_bc.export` (the policy with its normalization, loadable with
+``slhub.export.load``).
+
 Loss: mean squared error of the normalized action chunk over its real steps (padded
 targets past an episode's end have no weight); ``LossResult.weight`` is the number
 of real target elements. Validation: the same error over every ``val_stride``-th
@@ -15,6 +18,7 @@ demonstrations, the share of closed-loop rollouts that stay balanced.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -141,6 +145,14 @@ class BcPlugin:
             with torch.no_grad():
                 metrics["balanced"] = balanced_fraction(cfg, starts, act, max_force)
         return metrics
+
+    # -------------------------------------------------------------- export
+
+    @hookimpl
+    def export(self, checkpoint: Any, checkpoint_path: Path, out_dir: Path) -> Path | None:
+        from slhub_bc.export import export_checkpoint
+
+        return export_checkpoint(checkpoint, checkpoint_path, out_dir)
 
 
 def masked_error(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[Any, int]:
