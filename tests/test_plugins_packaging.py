@@ -34,7 +34,7 @@ HOOKS = {
     "rwm": ["build_model", "export", "load_state_dict", "objective", "recipe_sections", "sample",
             "state_dict", "validate"],
     "rigidformer": ["build_model", "objective", "recipe_sections", "sample", "validate"],
-    "bc": ["build_model", "load_state_dict", "objective", "recipe_sections", "sample",
+    "bc": ["build_model", "export", "load_state_dict", "objective", "recipe_sections", "sample",
            "state_dict", "validate"],
 }  # fmt: skip
 IGNORE = shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__", ".pytest_cache")
