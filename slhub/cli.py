@@ -40,10 +40,17 @@ EXIT_CODES = """exit status:
   130  interrupted (Ctrl-C)
   128+N  a second stop signal N arrived while the first was being honoured
   1    a bug in slhub or a plugin (with a traceback), or a worker died (one line)"""
+#: The statuses of every command but train: one process, which honours no stop signal
+#: (75 and 128+N are a training's).
+EXIT_CODES_ONE_PROCESS = """exit status:
+  0    done
+  2    bad input (path, checkpoint, recipe, plugin, dataset); one line says which
+  130  interrupted (Ctrl-C)
+  1    a bug in slhub or a plugin (with a traceback)"""
 
 TRAIN_EXAMPLES = """examples:
   slhub train --config examples/sl_ddp/cpu.yaml
-  slhub train --config examples/sl_ddp/cpu.yaml --set trainer.steps=500 --set optim.lr=3e-4
+  slhub train --config examples/sl_ddp/cpu.yaml --set trainer.steps=500 --set trainer.lr=3e-4
   slhub train --config examples/sl_ddp/cpu.yaml --resume auto      # start, or continue a requeue
   slhub train --config R.yaml --set trainer.output_dir=outputs/b --resume outputs/a/step_100.pt
   slhub launch --standalone --nproc-per-node=2 train --config R.yaml --resume auto
@@ -147,14 +154,14 @@ def build_parser() -> argparse.ArgumentParser:
         sub,
         "plugins",
         "list built-in and installed plugins and the hooks each implements",
-        "examples:\n  slhub plugins\n  slhub plugins | grep model\n\n" + EXIT_CODES,
+        "examples:\n  slhub plugins\n  slhub plugins | grep model\n\n" + EXIT_CODES_ONE_PROCESS,
     )
 
     inspect = _command(
         sub,
         "inspect",
         "describe a checkpoint: update, world size, recipe digest, plugins, last metrics",
-        "examples:\n  slhub inspect outputs/sl_ddp_cpu/last.pt\n\n" + EXIT_CODES,
+        "examples:\n  slhub inspect outputs/sl_ddp_cpu/last.pt\n\n" + EXIT_CODES_ONE_PROCESS,
     )
     inspect.add_argument("checkpoint", metavar="CKPT", help="a .pt checkpoint written by slhub")
 
@@ -162,10 +169,11 @@ def build_parser() -> argparse.ArgumentParser:
         sub,
         "export",
         "export a checkpoint for inference",
-        "examples:\n  slhub export --checkpoint outputs/nerd_cartpole/last.pt --out exported/nerd\n"
+        "examples:\n"
+        "  slhub export --checkpoint outputs/nerd_cartpole/last.pt --out exports/nerd_cartpole\n"
         "  slhub export --checkpoint C.pt --out D --plugin examples.sl_ddp.plugin:SlDdpPlugin\n"
-        "  slhub export --checkpoint outputs/nerd_cartpole/last.pt --out exported/nerd --onnx"
-        "\n\n" + EXIT_CODES,
+        "  slhub export --checkpoint outputs/nerd_cartpole/last.pt --out exports/nerd_onnx --onnx"
+        "\n\n" + EXIT_CODES_ONE_PROCESS,
     )
     export.add_argument("--checkpoint", required=True, metavar="CKPT", help="checkpoint to read")
     export.add_argument("--out", required=True, metavar="DIR", help="empty or new directory")
@@ -190,7 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
         "  slhub eval --checkpoint outputs/nerd_pendulum/last.pt "
         "--env gymnasium:InvertedPendulum-v5 --episodes 20 --steps 200\n"
         "  slhub eval --checkpoint C.pt --set 'validation.horizons=[1, 10, 100]'\n\n"
-        "Prints one 'metric value' line each (or JSON); writes nothing.\n\n" + EXIT_CODES,
+        "Prints one 'metric value' line each (or JSON); writes nothing.\n\n"
+        + EXIT_CODES_ONE_PROCESS,
     )
     evaluate.add_argument("--checkpoint", required=True, metavar="CKPT", help="checkpoint to read")
     evaluate.add_argument(
@@ -220,8 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
         "plot",
         "plot a run: train loss, validation metrics and learning rate against update",
         "examples:\n  slhub plot outputs/sl_ddp_cpu\n"
-        "  slhub plot outputs/sl_ddp_cpu --out loss.png\n\n"
-        "needs matplotlib: pip install 'slhub[plot]'\n\n" + EXIT_CODES,
+        "  slhub plot outputs/sl_ddp_cpu --out outputs/sl_ddp_cpu/loss.png\n\n"
+        "needs matplotlib: pip install 'slhub[plot]'\n\n" + EXIT_CODES_ONE_PROCESS,
     )
     plot.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (holds metrics.jsonl)")
     plot.add_argument(
@@ -235,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
         "examples:\n  slhub data info path/to/lerobot_dataset\n"
         "  slhub data check demos.hdf5\n  slhub data convert replay.zarr datasets/pusht\n"
         "  slhub data collect datasets/hopper --env gymnasium:Hopper-v5 --episodes 10 "
-        "--steps 500 --seed 0\n\n" + EXIT_CODES,
+        "--steps 500 --seed 0\n\n" + EXIT_CODES_ONE_PROCESS,
     )
     actions = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
     for action, summary in (
@@ -278,7 +287,7 @@ def _collect_arguments(actions: argparse._SubParsersAction) -> None:
         "collect",
         help=summary,
         description=summary[0].upper() + summary[1:] + ".",
-        epilog=COLLECT_EXAMPLES + EXIT_CODES,
+        epilog=COLLECT_EXAMPLES + EXIT_CODES_ONE_PROCESS,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     collect.add_argument("destination", metavar="DST", help="a new directory")
