@@ -491,7 +491,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if words[:1] == ["launch"]:  # torchrun's options are the launcher's to parse
         from slhub.launch import launch
 
-        return launch(words[1:], owns_process=argv is None)
+        return launch(words[1:], owns_process=argv is None, parse=build_parser().parse_args)
     args = build_parser().parse_args(argv)
     args.whole_process = argv is None  # the console script or python -m slhub
     try:

@@ -33,6 +33,7 @@ import shutil
 import signal
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -130,19 +131,25 @@ class Outcome:
         return final_line(self.message, log_format)
 
 
-def launch(argv: list[str], owns_process: bool = True) -> int:
+def launch(
+    argv: list[str],
+    owns_process: bool = True,
+    parse: Callable[[list[str]], argparse.Namespace] | None = None,
+) -> int:
     """``slhub launch ARGV``: run the workers, print at most one line, return the status.
 
     :param argv: torchrun's options, ``train`` and the train command's arguments.
     :param owns_process: this command is the process (the console script): a stop
         signal after the workers ended is then ignored, so it cannot change the status.
+    :param parse: the command line's parser (``slhub.cli``'s, which calls this module:
+        passed in rather than imported, so the two modules do not import each other).
     """
-    from slhub.cli import build_parser
-
+    if parse is None:
+        raise TypeError("launch needs the command line's parser")
     try:
         args, prefix = _parse(argv)
         # the train command's usage errors and --help, here once instead of on every worker
-        train = build_parser().parse_args(args.training_script_args)
+        train = parse(args.training_script_args)
     except SlhubError as exc:
         _final_line(f"slhub: error: {exc}")
         return EXIT_USAGE

@@ -20,15 +20,24 @@ import threading
 from collections import deque
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from slhub.data.windows import sample_anchors
 
-if TYPE_CHECKING:
-    from slhub.data.source import TrainingData
+
+class WindowSource(Protocol):
+    """What a stream reads from (:class:`slhub.data.TrainingData`)."""
+
+    window: Any
+
+    def require_anchors(self, offsets: Mapping[str, Sequence[int]], which: str) -> np.ndarray: ...
+
+    def read(self, offsets: Mapping[str, Sequence[int]], anchors: np.ndarray) -> dict[str, Any]: ...
+
+    def reopened(self) -> WindowSource: ...
 
 
 class WindowStream:
@@ -37,7 +46,7 @@ class WindowStream:
 
     def __init__(
         self,
-        data: TrainingData,
+        data: WindowSource,
         offsets: Mapping[str, Sequence[int]],
         batch_size: int,
         *,

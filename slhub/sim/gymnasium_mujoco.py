@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from slhub.errors import SimulatorError, one_line
-from slhub.sim import names
+from slhub.sim.names import actuator_names, body_names, joint_names, qpos_names, qvel_names
 from slhub.sim.render import FOLLOW, OffscreenCamera, import_mujoco
 from slhub.sim.simulator import Step
 
@@ -59,11 +59,11 @@ class GymnasiumMujoco:
             )
         model = self.model
         self.dt = float(raw.dt)
-        self.joint_names = names.joint_names(model)
-        self.qpos_names = names.qpos_names(model)
-        self.qvel_names = names.qvel_names(model)
-        self.action_names = names.actuator_names(model)
-        self.contact_names = names.body_names(model) if _can_collide(model) else None
+        self.joint_names = joint_names(model)
+        self.qpos_names = qpos_names(model)
+        self.qvel_names = qvel_names(model)
+        self.action_names = actuator_names(model)
+        self.contact_names = body_names(model) if _can_collide(model) else None
         limited = np.asarray(model.actuator_ctrllimited, dtype=bool)
         ranges = np.array(model.actuator_ctrlrange, dtype=np.float64).reshape(model.nu, 2)
         ranges[~limited] = (-np.inf, np.inf)

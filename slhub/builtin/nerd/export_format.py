@@ -23,13 +23,9 @@ from safetensors.torch import load_file, save
 from torch import nn
 
 from slhub import ExportError, one_line
+from slhub.builtin.nerd.export_names import EXPORT_FORMAT, KIND, MANIFEST, WEIGHTS
 from slhub.builtin.nerd.model import ARCH_KEY, STAT_KEYS, NerdArch, NerdModel, dtype_name
 from slhub.export import atomic_write
-
-EXPORT_FORMAT = "slhub.export/1"
-KIND = "nerd"
-WEIGHTS = "model.safetensors"
-MANIFEST = "export.json"
 
 
 def write_export(model: NerdModel, out_dir: Path, provenance: dict[str, Any]) -> Path:

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from slhub import ExportError, one_line
-from slhub.builtin.nerd.export_format import EXPORT_FORMAT, KIND, MANIFEST
+from slhub.builtin.nerd.export_names import EXPORT_FORMAT, KIND, MANIFEST
 from slhub.builtin.nerd.model import NerdModel, dtype_name
 from slhub.export import atomic_write, read_manifest, require_onnx
 
