@@ -416,3 +416,17 @@ def test_a_path_that_is_no_regular_file_is_refused_with_one_line(capsys, tmp_pat
     assert "cannot read checkpoint (File name too long)" in cli_error(capsys, "inspect", str(long))
     assert "NUL byte" in cli_error(capsys, "inspect", str(tmp_path / "a\0b.pt"))
     assert "fifo.pt: not a regular file" in _resume_error(capsys, fifo, tmp_path / "resumed")
+
+
+def test_a_rank_state_packs_empty_tensors_made_from_numpy():
+    """An empty array from numpy has stride 0 (no byte view); a rank's state holding one
+    (a stream with no windows drawn ahead) must still reach rank 0 whole."""
+    import pickle
+
+    from slhub.checkpoint.gather import pack_state
+
+    empty = torch.from_numpy(np.zeros((0, 0, 2), dtype=np.int64))
+    state = {"pending": empty, "other": torch.arange(3)}
+    back = pickle.loads(pack_state(state))
+    assert back["pending"].shape == (0, 0, 2) and back["pending"].dtype == torch.int64
+    assert torch.equal(back["other"], torch.arange(3))

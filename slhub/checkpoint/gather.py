@@ -110,6 +110,8 @@ def _reduce_tensor(tensor: torch.Tensor) -> tuple:
         or tensor.is_neg()
     ):
         return tensor.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+    if tensor.numel() == 0:  # an empty array from numpy may have stride 0: no byte view
+        return _tensor_from_bytes, (b"", tensor.dtype, tuple(tensor.shape))
     raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
     return _tensor_from_bytes, (raw, tensor.dtype, tuple(tensor.shape))
 
