@@ -426,7 +426,10 @@ def test_a_rank_state_packs_empty_tensors_made_from_numpy():
     from slhub.checkpoint.gather import pack_state
 
     empty = torch.from_numpy(np.zeros((0, 0, 2), dtype=np.int64))
-    state = {"pending": empty, "other": torch.arange(3)}
+    flat = torch.from_numpy(np.zeros((0,), dtype=np.float32))
+    assert flat.stride() == (0,)
+    state = {"pending": empty, "flat": flat, "other": torch.arange(3)}
     back = pickle.loads(pack_state(state))
     assert back["pending"].shape == (0, 0, 2) and back["pending"].dtype == torch.int64
+    assert back["flat"].shape == (0,) and back["flat"].dtype == torch.float32
     assert torch.equal(back["other"], torch.arange(3))
