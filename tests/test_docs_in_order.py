@@ -198,7 +198,8 @@ def _table_commands(doc: str, lines: list[str]) -> list[Command]:
             continue
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if column is None:
-            column = cells.index("command") if "command" in cells else -1
+            named = [i for i, cell in enumerate(cells) if re.search(r"\bcommand\b", cell)]
+            column = named[0] if named else -1
             continue
         if column < 0 or column >= len(cells) or set(cells[column]) <= set("-: "):
             continue
@@ -348,6 +349,9 @@ class Files:
     runs: dict[str, Run] = field(default_factory=dict)
     #: Written directories that are not runs (exports, datasets), by the pages that wrote them.
     written: dict[str, set[str]] = field(default_factory=dict)
+    #: Commands that are alternatives, not steps (--help's examples): a destination
+    #: another command wrote is not refused.
+    alternatives: bool = False
     #: Where a tutorial's files are written.
     scratch: Path = field(default_factory=Path)
     #: Every command seen, for restatements: what it does -> the paths it wrote.
@@ -596,7 +600,8 @@ def check(command: Command, call: Invocation, files: Files) -> str:
     if destination is not None:
         destination = destination.rstrip("/")
         _writes(destination)
-        if destination in files.written or destination in files.runs:
+        taken = destination in files.written or destination in files.runs
+        if taken and not files.alternatives:
             owner = files.written.get(destination) or files.runs[destination].docs
             raise Refused(
                 f"{destination} already holds the output of {', '.join(sorted(owner))} "
@@ -705,10 +710,11 @@ def test_help_examples_run_against_the_docs_runs(followed):
 
 
 def _copy_runs(files: Files) -> Files:
-    """The docs' runs, each as if README had made it (help examples assume any of them),
-    and no exports or datasets: each example writes into a new destination."""
+    """What the docs made, each as if README had made it (help examples assume any of
+    it); the examples are alternatives, so none writes where another did."""
     runs = {k: Run({MAIN_JOB_DOC}, *list(vars(v).values())[1:]) for k, v in files.runs.items()}
-    return Files(runs, scratch=files.scratch)
+    written = {k: {MAIN_JOB_DOC} for k in files.written}
+    return Files(runs, written, scratch=files.scratch, alternatives=True)
 
 
 def test_help_lists_only_the_exit_statuses_a_command_can_return():
@@ -914,3 +920,59 @@ def test_every_doc_command_runs_for_real_on_a_fresh_copy(tmp_path: Path):
             )  # fmt: skip
             expected = 2 if command.refusal else 0
             assert done.returncode == expected, (command.key, done.stderr[-2000:])
+
+
+# --- published figures (issue 24, item 5) -------------------------------------------
+
+
+def _sl_ddp_figures() -> dict[str, dict[int, float]]:
+    """examples/sl_ddp/README.md's validation/mse table, by column (run) and update."""
+    text = (REPO / "examples" / "sl_ddp" / "README.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| (\d+) \| ([\d.]+) \| ([\d.]+) \|$", text, re.M)
+    assert len(rows) == 4, rows
+    return {
+        "1 process": {int(u): float(a) for u, a, _ in rows},
+        "2 Gloo workers": {int(u): float(b) for u, _, b in rows},
+    }
+
+
+def _validation(run_dir: Path) -> dict[int, float]:
+    from slhub import read_metrics
+
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    return {r["step"]: r["validation/mse"] for r in rows if "validation/mse" in r}
+
+
+def _published(value: float, shown: float) -> bool:
+    """A figure as published: to the digits it shows."""
+    digits = len(repr(shown).split(".")[1])
+    return round(value, digits) == shown
+
+
+def test_sl_ddp_one_process_figures_reproduce(sandbox: Path):
+    """The one-process column, from the page's own command (printed above the table)."""
+    page = commands(REPO / "examples" / "sl_ddp" / "README.md")
+    (command,) = [c for c in page if "outputs/sl_single_cpu" in c.text]
+    code, _ = _cli(invocation(command.text).argv, sandbox)
+    assert code == 0
+    got = _validation(sandbox / "outputs" / "sl_single_cpu")
+    shown = _sl_ddp_figures()["1 process"]
+    assert all(_published(got[u], v) for u, v in shown.items()), (got, shown)
+
+
+@pytest.mark.slow
+def test_sl_ddp_two_worker_figures_and_readme_console_reproduce(tmp_path: Path):
+    """The two-worker column and README's console lines, from the main job's command."""
+    from helpers import run_torchrun
+
+    out = tmp_path / "sl_ddp_cpu"
+    proc = run_torchrun(
+        "train", "--config", "examples/sl_ddp/cpu.yaml", "--set", f"trainer.output_dir={out}"
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = _validation(out)
+    shown = _sl_ddp_figures()["2 Gloo workers"]
+    assert all(_published(got[u], v) for u, v in shown.items()), (got, shown)
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    console = dict(re.findall(r"\[info\] validation step=(\d+) mse=([\d.]+)", readme))
+    assert console and all(_published(got[int(u)], float(v)) for u, v in console.items())
