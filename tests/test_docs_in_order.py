@@ -518,6 +518,10 @@ def check_train(command: Command, call: Invocation, args: argparse.Namespace, fi
         return "restates an earlier command"
     files.seen[identity] = [out]
     _writes(out)
+    data = recipe.data.get("data") or {}
+    source = data.get("path") if isinstance(data, dict) else None
+    if source and not files.produced(str(source), command.doc):
+        raise Refused(f"it trains on {source}, which no earlier command of the page made")
     digest = recipe_digest(recipe.to_dict())
     run = files.runs.get(out)
     start = 0
