@@ -250,6 +250,10 @@ def help_examples() -> dict[str, list[Command]]:
     found: dict[str, list[Command]] = {}
     for name, child in helps.items():
         epilog = child.epilog or ""
+        if name == "slhub launch":  # its --help is torchrun's parser with slhub's epilog
+            from slhub.launch import EXAMPLES
+
+            epilog = EXAMPLES
         block = (
             epilog.split("examples:\n", 1)[1].split("\n\n", 1)[0] if "examples:" in epilog else ""
         )
