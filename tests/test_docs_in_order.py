@@ -63,7 +63,7 @@ PATTERN = "a pattern with placeholders (parsed only)"
 SKIPPED: dict[str, str] = {
     "README.md: pip install torch==2.13.0": INSTALL,
     "README.md: pip install -e .": INSTALL,
-    'README.md: pip install -e ".[dev]" -e plugins/rwm -e plugins/rigidformer -e…': INSTALL,
+    "README.md: pip install -e \".[dev]\" -e plugins/rwm -e plugins/rigidformer -e…": INSTALL,
     "README.md: OMP_NUM_THREADS=1 python -m pytest": TESTS,
     "README.md: OMP_NUM_THREADS=1 torchrun --standalone --nnodes=1 --nproc-per-n…": PATTERN,
     "README.md: CUDA_VISIBLE_DEVICES=0,1 OMP_NUM_THREADS=1 torchrun --standalone…": GPU,
@@ -149,19 +149,17 @@ def _join_continued(lines: list[str]) -> list[tuple[int, str]]:
 
 
 def _strip_comment(line: str) -> str:
-    """The command without its trailing ``# comment`` (a ``#`` outside quotes)."""
-    lexer = shlex.shlex(line, posix=True, punctuation_chars=False)
-    lexer.whitespace_split = True
-    lexer.commenters = "#"
-    try:
-        words = list(lexer)
-    except ValueError:
-        return line.strip()
-    if not words:
-        return ""
-    # keep the original quoting: cut the text where the comment began
-    cut = line.find(" #")
-    return (line[:cut] if cut >= 0 else line).strip()
+    """The command without its trailing ``# comment`` (a ``#`` after a space, outside
+    quotes), its quoting kept as written."""
+    quote = None
+    for index, char in enumerate(line):
+        if quote is not None:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (index == 0 or line[index - 1].isspace()):
+            return line[:index].strip()
+    return line.strip()
 
 
 def _block_commands(doc: str, start: int, lang: str, body: list[str]) -> list[Command]:
@@ -276,8 +274,8 @@ class Invocation:
     argv: list[str] = field(default_factory=list)
 
 
-def _launcher_options(words: list[str]) -> tuple[int, int, list[str]]:
-    """torchrun's ``--nproc-per-node`` and ``--nnodes`` from its options."""
+def _launcher_options(words: list[str]) -> tuple[int, int]:
+    """torchrun's ``--nnodes`` and ``--nproc-per-node`` (-1 when not a number)."""
     values: dict[str, str] = {}
     index = 0
     while index < len(words):
@@ -291,7 +289,7 @@ def _launcher_options(words: list[str]) -> tuple[int, int, list[str]]:
         index += 1
     nodes = values.get("nnodes", "1").split(":")[-1]
     per_node = values.get("nproc-per-node", "1")
-    return int(nodes), int(per_node) if per_node.isdigit() else -1, words
+    return int(nodes), int(per_node) if per_node.isdigit() else -1
 
 
 def invocation(text: str) -> Invocation:
@@ -303,11 +301,11 @@ def invocation(text: str) -> Invocation:
         words = ["slhub", *words[3:]]
     if words[:2] == ["slhub", "launch"]:
         split = words.index("train")
-        nodes, per_node, _ = _launcher_options(words[2:split])
+        nodes, per_node = _launcher_options(words[2:split])
         return Invocation("launch", words, per_node * nodes, nodes, words[split:])
     if words[:1] == ["torchrun"] and "slhub" in words:
         split = words.index("slhub") - 1
-        nodes, per_node, _ = _launcher_options(words[1:split])
+        nodes, per_node = _launcher_options(words[1:split])
         return Invocation("torchrun", words, per_node * nodes, nodes, words[split + 2 :])
     if words[:1] == ["slhub"]:
         return Invocation("slhub", words, argv=words[1:])
