@@ -172,6 +172,7 @@ COLLECTED = {
         "datasets/inverted_pendulum",
         "gymnasium:InvertedPendulum-v5",
     ),
+    "examples/rwm/halfcheetah.yaml": ("datasets/halfcheetah", "gymnasium:HalfCheetah-v5"),
 }
 EXAMPLES.update(dict.fromkeys(COLLECTED, []))
 #: The widest value a float takes at 4 significant digits.
