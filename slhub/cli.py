@@ -243,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
         "slhub's store), or collect one from a simulator",
         "examples:\n  slhub data info path/to/lerobot_dataset\n"
         "  slhub data check demos.hdf5\n  slhub data convert replay.zarr datasets/pusht\n"
+        "  slhub data convert datasets/pendulum datasets/pendulum_lerobot --to lerobot\n"
         "  slhub data collect datasets/hopper --env gymnasium:Hopper-v5 --episodes 10 "
         "--steps 500 --seed 0\n\n" + EXIT_CODES_ONE_PROCESS,
     )
@@ -250,12 +251,22 @@ def build_parser() -> argparse.ArgumentParser:
     for action, summary in (
         ("info", "format, episodes, fps, features (shape, dtype, names), splits, statistics"),
         ("check", "read every value: non-finite values, empty or short episodes, bad files"),
-        ("convert", "copy into slhub's store (one .npy per feature), atomically"),
+        (
+            "convert",
+            "copy into slhub's store (one .npy per feature), or with --to lerobot into a "
+            "LeRobot v3.0 dataset with video, atomically",
+        ),
     ):
         parser_ = actions.add_parser(action, help=summary, description=summary)
         parser_.add_argument("path", metavar="PATH" if action != "convert" else "SRC")
         if action == "convert":
             parser_.add_argument("destination", metavar="DST", help="a new directory")
+            parser_.add_argument(
+                "--to",
+                choices=("slhub", "lerobot"),
+                default="slhub",
+                help="slhub's store (default), or LeRobot v3.0: parquet and H.264 mp4 video",
+            )
         if action == "check":
             parser_.add_argument(
                 "--min-length", type=int, default=1, help="the fewest steps an episode may have"
@@ -271,12 +282,15 @@ COLLECT_EXAMPLES = """examples:
   slhub data collect datasets/hopper --env gymnasium:Hopper-v5 --episodes 100 --steps 1000 \\
       --actions smooth --seed 0
   slhub data collect datasets/pendulum --env gymnasium:InvertedPendulum-v5 --episodes 10 \\
-      --steps 200 --actions policy --policy mypolicy:act --noise 0.1 --seed 1 --render
+      --steps 200 --actions policy --policy slhub.sim.experts:inverted_pendulum --noise 0.5 \\
+      --seed 1 --render
 
 Per step: observation, action, reward, terminated, truncated, qpos, qvel (named after
 the joints), sim_state (mj_getState: restore it and replay the actions bit for bit),
 contact (per-body normal force, where geoms can touch), image (with --render). The same
-command writes a byte-identical dataset. Needs mujoco and gymnasium: pip install 'slhub[sim]'
+command writes a byte-identical dataset. Experts for --policy: slhub.sim.experts:inverted_pendulum
+(InvertedPendulum-v5), slhub.sim.experts:reacher (Reacher-v5). Needs mujoco and gymnasium:
+pip install 'slhub[sim]'
 
 """
 
@@ -333,8 +347,8 @@ def _collect_arguments(actions: argparse._SubParsersAction) -> None:
     collect.add_argument(
         "--camera",
         default="follow",
-        help="a camera of the model (Hopper's track), or follow: slhub's, which follows the "
-        "robot from the side (default)",
+        help="a camera of the model (Hopper's track), or slhub's: follow, which follows the "
+        "robot from the side (default), or fixed, which looks at the model's centre",
     )
     collect.add_argument("--size", type=int, default=64, help="image height and width")
 
@@ -367,7 +381,7 @@ def _data(args: argparse.Namespace) -> None:
             )
         )
     else:
-        print(command.convert(args.path, args.destination, args.format))
+        print(command.convert(args.path, args.destination, args.format, to=args.to))
 
 
 def _train(args: argparse.Namespace) -> None:

@@ -1,6 +1,6 @@
 """``slhub data info | check | convert``: a dataset described, checked, or copied into
-slhub's store. Each returns text for the CLI and raises :class:`DatasetError` (one
-line, exit 2) for anything wrong with the data."""
+slhub's store (or a LeRobot v3.0 dataset). Each returns text for the CLI and raises
+:class:`DatasetError` (one line, exit 2) for anything wrong with the data."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from slhub.data.statistics import feature_statistics
 from slhub.data.store import write_store
 from slhub.errors import DatasetError
 
+#: What ``convert --to`` writes.
+WRITERS = ("slhub", "lerobot")
 #: Steps read at a time by ``check``.
 BLOCK = 4096
 
@@ -103,9 +105,14 @@ def convert(
     destination: str | Path,
     format: str = "auto",  # noqa: A002
     progress: bool = True,
+    to: str = "slhub",
 ) -> str:
-    """Copy a dataset of any readable format into slhub's store at ``destination``
-    (a new directory, written atomically), with a progress bar on a terminal."""
+    """Copy a dataset of any readable format into a new directory ``destination``,
+    written atomically, with a progress bar on a terminal: slhub's store, or with
+    ``to="lerobot"`` a LeRobot v3.0 dataset with video
+    (:func:`slhub.data.writers.lerobot.write_lerobot`)."""
+    if to not in WRITERS:
+        raise DatasetError(f"--to {to!r}: choose one of {', '.join(WRITERS)}")
     with open_dataset(source, format) as dataset:
         bar = _bar(dataset.num_steps) if progress and sys.stderr.isatty() else None
         done = [0]
@@ -116,13 +123,18 @@ def convert(
             done[0] = written
 
         try:
-            out = write_store(dataset, destination, progress=advance)
+            if to == "lerobot":
+                from slhub.data.writers.lerobot import write_lerobot
+
+                out = write_lerobot(dataset, destination, progress=advance)
+            else:
+                out = write_store(dataset, destination, progress=advance)
         finally:
             if bar is not None:
                 bar.close()
         return (
             f"converted {dataset.path} ({dataset.format}, {dataset.num_episodes} episodes, "
-            f"{dataset.num_steps} steps) to {out}"
+            f"{dataset.num_steps} steps) to {out}" + (" (LeRobot v3.0)" if to == "lerobot" else "")
         )
 
 
