@@ -13,6 +13,9 @@ simulator does, and names the extra in one line when they are missing.
   ``contact()``, ``render()``.
 - :func:`collect` — episodes rolled out into slhub's dataset store.
 - :mod:`slhub.sim.names` — component names from a MuJoCo model's joints and actuators.
+- :mod:`slhub.sim.experts` — demonstrators for ``--policy``: an LQR for
+  InvertedPendulum-v5 (``slhub.sim.experts:inverted_pendulum``) and inverse kinematics
+  with a joint PD for Reacher-v5 (``slhub.sim.experts:reacher``).
 """
 
 from slhub.errors import SimulatorError
