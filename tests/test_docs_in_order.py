@@ -48,7 +48,7 @@ RUN_STEPS = 20
 #: Words that mark a command as a pattern to fill in, not one to run.
 PLACEHOLDERS = re.compile(
     r"(^|[\s=/])(\.\.\.|R|R\.yaml|N|PATH|SRC|DST|CKPT|C\.pt|D|HOST:PORT|ID|<command>)($|[\s/])"
-    r"|path/to/|outputs/a/|demos\.hdf5|replay\.zarr|\sout/"
+    r"|path/to/|outputs/a/|demos\.hdf5|replay\.zarr|\sout/|mypolicy:"
 )
 #: Why a command is not checked.
 SLURM = "SLURM"
@@ -63,7 +63,7 @@ PATTERN = "a pattern with placeholders (parsed only)"
 SKIPPED: dict[str, str] = {
     "README.md: pip install torch==2.13.0": INSTALL,
     "README.md: pip install -e .": INSTALL,
-    "README.md: pip install -e \".[dev]\" -e plugins/rwm -e plugins/rigidformer -e…": INSTALL,
+    'README.md: pip install -e ".[dev]" -e plugins/rwm -e plugins/rigidformer -e…': INSTALL,
     "README.md: OMP_NUM_THREADS=1 python -m pytest": TESTS,
     "README.md: OMP_NUM_THREADS=1 torchrun --standalone --nnodes=1 --nproc-per-n…": PATTERN,
     "README.md: CUDA_VISIBLE_DEVICES=0,1 OMP_NUM_THREADS=1 torchrun --standalone…": GPU,
@@ -76,6 +76,7 @@ SKIPPED: dict[str, str] = {
     "docs/datasets.md: slhub data info path/to/dataset": PATTERN,
     "docs/datasets.md: slhub data check path/to/dataset": PATTERN,
     "docs/datasets.md: slhub data convert path/to/dataset out/": PATTERN,
+    "docs/datasets.md: slhub data convert path/to/dataset out_lerobot/ --to lero…": PATTERN,
     "docs/datasets.md: slhub data collect out/ --env gymnasium:Hopper-v5 --episo…": PATTERN,
     "docs/launch.md: CUDA_VISIBLE_DEVICES=0,1 OMP_NUM_THREADS=1 torchrun --stand…": GPU,
     "docs/launch.md: slhub launch --nnodes=2 --nproc-per-node=1 --rdzv-backend=c…": MULTI_NODE,
@@ -823,7 +824,7 @@ def _cheap(call: Invocation) -> bool:
     if argv[:1] in (["--version"], ["plugins"], ["inspect"]) or "--help" in argv:
         return True
     if argv[:2] == ["data", "info"]:
-        return True
+        return (REPO / argv[2]).exists() and not _ignored(argv[2])  # a repository file
     if argv[:1] == ["train"] and call.world == 1:
         steps = [w.split("=", 1)[1] for w in argv if w.startswith("trainer.steps=")]
         return bool(steps) and int(steps[-1]) <= RUN_STEPS
