@@ -24,8 +24,11 @@ A scalar feature (shape ``()``) is a plain column of shape ``[1]``, as LeRobot w
 one. Video is lossy: H.264 (``libx264``) in ``yuv444p`` (no chroma subsampling, which
 at 64 x 64 would smear the colours of thin parts) at :data:`CRF`, a keyframe every
 :data:`GOP` frames (LeRobot's ``g=2``: a window decodes from a nearby keyframe) and no
-B-frames, so decoded times are the frames' own. The files are written under a
-temporary name and renamed into place, and the same source gives the same bytes.
+B-frames, so decoded times are the frames' own. Every step goes to one data file and
+one video per image feature, however large (LeRobot splits at
+``data_files_size_in_mb``; its readers take one file as well). The files are written
+under a temporary name and renamed into place, and the same source gives the same
+bytes.
 """
 
 from __future__ import annotations
@@ -187,7 +190,7 @@ def _fill(
         "chunks_size": 1000,
         "data_files_size_in_mb": 100,
         "video_files_size_in_mb": 200,
-        "fps": int(fps) if fps == int(fps) else fps,
+        "fps": _number(fps),
         "splits": {"train": f"0:{len(lengths)}", **_ranges(source.splits)},
         "data_path": DATA_PATH,
         "video_path": VIDEO_PATH if images else None,
@@ -265,7 +268,7 @@ def _info_feature(spec: Feature, fps: float) -> dict[str, Any]:
                 "video.codec": "h264",
                 "video.pix_fmt": PIX_FMT,
                 "video.is_depth_map": False,
-                "video.fps": fps,
+                "video.fps": _number(fps),
                 "video.channels": channels,
                 "has_audio": False,
             },
@@ -273,6 +276,11 @@ def _info_feature(spec: Feature, fps: float) -> dict[str, Any]:
     shape = list(spec.shape) or [1]
     names = list(spec.names) if spec.names is not None else None
     return {"dtype": spec.dtype, "shape": shape, "names": names}
+
+
+def _number(value: float) -> int | float:
+    """An integral fps as an int (LeRobot writes ``"fps": 30``)."""
+    return int(value) if float(value).is_integer() else float(value)
 
 
 def _stats(source: EpisodeDataset, features: dict[str, Feature]) -> dict[str, Any]:
