@@ -505,6 +505,8 @@ def _tutorial(doc: str, config: str, overrides: list[str], tmp: Path) -> str:
         _recipe(str(tmp / config), overrides)
     finally:
         sys.path.remove(str(tmp))
+        for name in written:  # no later test may import the tutorial's modules by chance
+            sys.modules.pop(name.removesuffix(".py"), None)
     return "a tutorial recipe that validates with the page's files"
 
 
