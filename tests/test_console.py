@@ -173,6 +173,7 @@ COLLECTED = {
         "gymnasium:InvertedPendulum-v5",
     ),
     "examples/rwm/halfcheetah.yaml": ("datasets/halfcheetah", "gymnasium:HalfCheetah-v5"),
+    "examples/nerd/ant/sl.train.yaml": ("datasets/ant", "gymnasium:Ant-v5"),
 }
 EXAMPLES.update(dict.fromkeys(COLLECTED, []))
 #: The widest value a float takes at 4 significant digits.

@@ -115,6 +115,28 @@ def test_the_pendulum_recipe_resumes_exactly(pendulum: Path, tmp_path: Path):
     )  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("recipe", "env"),
+    [("hopper", "gymnasium:Hopper-v5"), ("ant", "gymnasium:Ant-v5")],
+)
+def test_the_contact_rich_recipes_resume_exactly(recipe: str, env: str, tmp_path: Path):
+    """Hopper-v5 and Ant-v5 (contacts as extra inputs, a free base): their example recipes,
+    made small, on a few collected episodes."""
+    from slhub.sim import collect
+
+    data = tmp_path / "episodes"
+    collect(data, env, episodes=6, steps=40, actions="smooth", seed=0, through_termination=True)
+    small = ["model.width=16", "model.layers=1", "model.heads=2", "model.mlp_hidden=32",
+             "model.history=4", "validation.horizons=[2, 8]", "trainer.batch_size=8",
+             "trainer.device=cpu", "data.split.validation_ratio=0.34"]  # fmt: skip
+    check_resume_and_revalidate(
+        REPO / "examples" / "nerd" / recipe / "sl.train.yaml", NerdPlugin(),
+        stop_at=int(np.random.default_rng().integers(2, 8)), workdir=tmp_path, in_process=True,
+        overrides=[*small, "trainer.steps=8", "trainer.validate_every=4",
+                   "trainer.save_every=4", f"data.path={data}"],
+    )  # fmt: skip
+
+
 @pytest.mark.slow
 def test_nerd_on_two_gloo_workers_beats_both_baselines_and_resumes_exactly(
     pendulum: Path, tmp_path: Path
