@@ -193,12 +193,15 @@ def build_parser() -> argparse.ArgumentParser:
         sub,
         "eval",
         "judge a checkpoint as its run validated it: on the run's held-out episodes, other "
-        "recorded ones (--set data.path=...), or fresh ones from a simulator (--env)",
+        "recorded ones (--set data.path=...), or fresh ones from a simulator (--env: a "
+        "policy is rolled out in it, a learned simulator is compared with it)",
         "examples:\n  slhub eval --checkpoint outputs/nerd_pendulum/last.pt\n"
         "  slhub eval --checkpoint outputs/nerd_pendulum/last.pt "
         "--env gymnasium:InvertedPendulum-v5 --episodes 20 --steps 200\n"
-        "  slhub eval --checkpoint C.pt --set 'validation.horizons=[1, 10, 100]'\n\n"
-        "Prints one 'metric value' line each (or JSON); writes nothing.\n\n"
+        "  slhub eval --checkpoint C.pt --set 'validation.horizons=[1, 10, 100]'\n"
+        "  slhub eval --checkpoint C.pt --env gymnasium:InvertedPendulum-v5 --episodes 50 "
+        "--video outputs/rollout.mp4\n\n"
+        "Prints one 'metric value' line each (or JSON); writes nothing but --video.\n\n"
         + EXIT_CODES_ONE_PROCESS,
     )
     evaluate.add_argument("--checkpoint", required=True, metavar="CKPT", help="checkpoint to read")
@@ -214,13 +217,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--plugin", metavar="NAME", help="model plugin (default: the installed one it names)"
     )
     evaluate.add_argument(
-        "--env", metavar="PREFIX:ENV", help="collect fresh episodes from this simulator first"
+        "--env",
+        metavar="PREFIX:ENV",
+        help="roll a policy out in this simulator, or collect fresh episodes from it first",
     )
     evaluate.add_argument("--episodes", type=int, default=16, help="with --env (default 16)")
-    evaluate.add_argument("--steps", type=int, default=200, help="with --env (default 200)")
+    evaluate.add_argument(
+        "--steps",
+        type=int,
+        help="with --env: collected episodes' length (default 200); a policy's episode "
+        "limit (default: the recipe's, else the env's)",
+    )
     evaluate.add_argument("--seed", type=int, default=1000, help="with --env (default 1000)")
     evaluate.add_argument(
         "--actions", choices=("uniform", "smooth"), default="smooth", help="with --env"
+    )
+    evaluate.add_argument(
+        "--video", metavar="FILE.mp4", help="with --env, a policy's first rollout as a video"
     )
     evaluate.add_argument("--json", action="store_true", help="one JSON object instead")
 
@@ -454,6 +467,7 @@ def _eval(args: argparse.Namespace) -> None:
     metrics = run_eval(
         args.checkpoint, overrides=args.overrides, plugin=args.plugin, env=args.env,
         episodes=args.episodes, steps=args.steps, seed=args.seed, actions=args.actions,
+        video=args.video,
     )  # fmt: skip
     print(json.dumps(metrics) if args.json else format_metrics(metrics))
 

@@ -5,10 +5,17 @@ model plugin is built from the recipe the checkpoint records, the weights the ru
 validated are loaded (the EMA where the run keeps one) and the plugin's
 ``validate`` runs once, on this process, leaving no artifact. By default it
 evaluates the run's own held-out episodes (refusing a dataset that changed since);
-``--set data.path=...`` points it at other recorded episodes, and ``--env``
-collects fresh episodes from the simulator first (fresh initial states from the
-simulator's resets, with ``--actions``), so a learned simulator is judged against
-the real one on trajectories it never saw.
+``--set data.path=...`` points it at other recorded episodes. ``--env`` depends on
+what the model is:
+
+- a policy, whose plugin's ``validation`` section has an ``env`` field (BC's
+  ``validation.env``): ``--env``, ``--episodes``, ``--seed`` (and ``--steps``, the
+  episode limit) fill that field and the plugin rolls the policy out in the simulator
+  (:func:`slhub.sim.rollout_policy`); ``--video FILE.mp4`` writes the first episode;
+  the recipe's ``time_budget_s`` is dropped, so all N episodes run;
+- anything else (a learned simulator): fresh episodes are collected from the
+  simulator first (fresh initial states from the simulator's resets, with
+  ``--actions``), so it is judged against the real one on trajectories it never saw.
 
 As for export, the plugin is one the user installed or named (``--plugin``), never
 code a file names.
@@ -37,12 +44,17 @@ def run_eval(
     plugin: str | None = None,
     env: str | None = None,
     episodes: int = 16,
-    steps: int = 200,
+    steps: int | None = None,
     seed: int = 0,
     actions: str = "smooth",
     through_termination: bool = True,
+    video: str | Path | None = None,
 ) -> dict[str, float]:
     """The validation metrics of ``checkpoint_path``'s model (see the module docstring).
+
+    :param steps: the collected episodes' length (default 200), or a policy's episode
+        limit (default: the recipe's ``validation.env.max_steps``, else the env's).
+    :param video: with ``env`` and a policy, the mp4 file of the first rollout.
 
     :raises CheckpointError: a v1 checkpoint (it records no recipe), or a damaged one.
     :raises DatasetError: the run's dataset changed since it was trained.
@@ -58,22 +70,35 @@ def run_eval(
     recipe = apply_overrides(dict(ckpt.recipe), list(overrides))
     collected: Path | None = None
     try:
-        if env is not None:
-            collected = _collect(env, episodes, steps, seed, actions, through_termination)
+        plugins = registry.build_manager(chosen)
+        model_plugin = plugins.manager.get_plugin(plugins.model.name)
+        declared = (
+            model_plugin.recipe_sections() if hasattr(model_plugin, "recipe_sections") else {}
+        ) or {}
+        rolls_out = "env" in getattr(declared.get("validation"), "model_fields", {})
+        if video is not None and (env is None or not rolls_out):
+            raise RecipeError("--video: a policy's rollout (--env) writes it; this model has none")
+        if env is not None and rolls_out:
+            validation = dict(recipe.get("validation") or {})
+            settings = dict(validation.get("env") or {})
+            settings.update(id=env, episodes=episodes, seed=seed, time_budget_s=None)
+            if steps is not None:
+                settings["max_steps"] = steps
+            if video is not None:
+                settings["video"] = str(video)
+            validation["env"] = settings
+            recipe["validation"] = validation
+        elif env is not None:
+            collected = _collect(env, episodes, steps or 200, seed, actions, through_termination)
             data = dict(recipe.get("data") or {})
             data["path"] = str(collected / "episodes")
             # the statistics are the checkpoint's; episode 0 only fills the training role
             data["split"] = {"train": [0], "validation": list(range(1, episodes + 1))}
             recipe["data"] = data
-        plugins = registry.build_manager(chosen)
-        model_plugin = plugins.manager.get_plugin(plugins.model.name)
-        declared = (
-            model_plugin.recipe_sections() if hasattr(model_plugin, "recipe_sections") else {}
-        )
-        sections = {name: recipe[name] for name in declared or {} if name in recipe}
+        sections = {name: recipe[name] for name in declared if name in recipe}
         trainer = StandInTrainer(model_plugin, sections, **recipe["trainer"])
         model = trainer.build(model_plugin)
-        if env is None and not any(o.startswith("data.") for o in overrides):
+        if collected is None and not any(o.startswith("data.") for o in overrides):
             _same_datasets(ckpt, trainer, path)
         try:
             model.load_state_dict(ckpt.evaluation_weights)

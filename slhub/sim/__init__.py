@@ -12,6 +12,9 @@ simulator does, and names the extra in one line when they are missing.
   exact ``state()`` / ``restore(state)``, ``qpos``/``qvel`` and their names,
   ``contact()``, ``render()``.
 - :func:`collect` — episodes rolled out into slhub's dataset store.
+- :func:`rollout_policy` — a policy judged in closed loop (returns, lengths, success,
+  fixed reset seeds, observation history, action chunks, a time budget), for
+  validation and ``slhub eval``; :func:`write_video` writes one rollout as mp4.
 - :mod:`slhub.sim.names` — component names from a MuJoCo model's joints and actuators.
 - :mod:`slhub.sim.experts` — demonstrators for ``--policy``: an LQR for
   InvertedPendulum-v5 (``slhub.sim.experts:inverted_pendulum``) and inverse kinematics
@@ -23,15 +26,20 @@ from slhub.sim.actions import KNOT_EVERY, SOURCES, load_policy
 from slhub.sim.collect import FORMAT, Collection, collect
 from slhub.sim.gymnasium_mujoco import GymnasiumMujoco
 from slhub.sim.names import actuator_names, body_names, joint_names, qpos_names, qvel_names
+from slhub.sim.rollout import ROLLOUT_FEATURES, Camera, Rollouts, reset_seeds, rollout_policy
 from slhub.sim.simulator import SIMULATOR_GROUP, Simulator, Step, open_simulator, simulators
+from slhub.sim.video import write_video
 
 __all__ = [
     "FORMAT",
     "KNOT_EVERY",
+    "ROLLOUT_FEATURES",
     "SIMULATOR_GROUP",
     "SOURCES",
+    "Camera",
     "Collection",
     "GymnasiumMujoco",
+    "Rollouts",
     "Simulator",
     "SimulatorError",
     "Step",
@@ -43,5 +51,8 @@ __all__ = [
     "open_simulator",
     "qpos_names",
     "qvel_names",
+    "reset_seeds",
+    "rollout_policy",
     "simulators",
+    "write_video",
 ]

@@ -91,10 +91,15 @@ class GymnasiumMujoco:
                 f"{self.name}: an action of shape {list(action.shape)}; the env has "
                 f"{self.model.nu} controls ({', '.join(self.action_names)})"
             )
-        observation, reward, terminated, truncated, _ = self.env.step(action)
+        observation, reward, terminated, truncated, info = self.env.step(action)
         self._view_fresh = False
+        success = info.get("is_success") if isinstance(info, dict) else None
         return Step(
-            _vector(observation, self.name), float(reward), bool(terminated), bool(truncated)
+            _vector(observation, self.name),
+            float(reward),
+            bool(terminated),
+            bool(truncated),
+            None if success is None else bool(success),
         )
 
     # ------------------------------------------------------------ state

@@ -26,12 +26,15 @@ _BUILTIN = {"gymnasium": "slhub.sim.gymnasium_mujoco:GymnasiumMujoco"}
 
 @dataclass(frozen=True)
 class Step:
-    """What one control step returns (gymnasium's five-tuple without ``info``)."""
+    """What one control step returns: gymnasium's five-tuple, of ``info`` only the
+    success flag."""
 
     observation: np.ndarray
     reward: float
     terminated: bool
     truncated: bool
+    #: ``info["is_success"]`` where the env reports it (robomimic's convention), else None.
+    success: bool | None = None
 
 
 @runtime_checkable

@@ -31,7 +31,7 @@ KIND = "bc"
 WEIGHTS = "model.safetensors"
 MANIFEST = "export.json"
 #: The ``bc`` recipe keys that shape the network.
-ARCHITECTURE = ("observation", "history", "frame_gap", "chunk", "hidden", "channels")
+ARCHITECTURE = ("observation", "history", "frame_gap", "chunk", "hidden", "channels", "crop")
 
 
 def export_checkpoint(checkpoint: Any, checkpoint_path: Path, out_dir: Path) -> Path | None:
@@ -108,7 +108,12 @@ def _build(manifest: dict[str, Any], state: dict[str, torch.Tensor]) -> Policy:
     else:
         cameras = [tuple(int(v) for v in row) for row in state["camera_shapes"].tolist()]
         model = VisualPolicy(
-            observation, action, cameras=cameras, channels=arch["channels"], **common
+            observation,
+            action,
+            cameras=cameras,
+            channels=arch["channels"],
+            crop=arch.get("crop"),  # exports before augmentation record none
+            **common,
         )
     return model.to(state["action_std"].dtype)
 

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from slhub_bc import augment
 from slhub_bc.data import camera_role
 
 #: The smallest standard deviation used to normalize (a constant component stays finite).
@@ -99,7 +100,9 @@ class VisualPolicy(Policy):
 
     Each camera has its own encoder (3 strided convolutions) over its ``K`` frames
     stacked as channels: several frames, because one shows positions but not the
-    velocities an expert acts on.
+    velocities an expert acts on. With ``crop`` the encoders see cropped frames: at the
+    corners ``image[i]_crop`` a training batch carries, else the centre
+    (:mod:`slhub_bc.augment`); ``image[i]_jitter`` factors change brightness and contrast.
     """
 
     def __init__(
@@ -112,9 +115,12 @@ class VisualPolicy(Policy):
         chunk: int,
         channels: int,
         hidden: int,
+        crop: int | float | None = None,
     ) -> None:
         super().__init__(observation, action, chunk)
         c = channels
+        #: The ``(h, w)`` each camera's frames are cropped to.
+        self.crops = augment.crop_sizes(crop, cameras)
         # (H, W, C) per camera: what an export needs to rebuild the encoders
         self.register_buffer("camera_shapes", torch.tensor(cameras, dtype=torch.int64))
         self.encoders = nn.ModuleList(
@@ -129,7 +135,7 @@ class VisualPolicy(Policy):
             )
             for _, _, depth in cameras
         )
-        features = sum(2 * c * _conv_size(h) * _conv_size(w) for h, w, _ in cameras)
+        features = sum(2 * c * _conv_size(h) * _conv_size(w) for h, w in self.crops)
         features += history * len(observation[0])
         self.head = nn.Sequential(
             nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, chunk * self.action_dim)
@@ -139,9 +145,16 @@ class VisualPolicy(Policy):
         dtype = self.action_std.dtype
         parts = []
         for index, encoder in enumerate(self.encoders):
-            frames = batch[camera_role(index)]  # [B, K, H, W, C]
+            role = camera_role(index)
+            frames = batch[role]  # [B, K, H, W, C]
+            if self.crops[index] != tuple(frames.shape[2:4]):
+                corners = batch.get(role + augment.CROP_SUFFIX)
+                frames = augment.crop(frames, self.crops[index], corners)
+            frames = frames.to(dtype).div(255.0)
+            if role + augment.JITTER_SUFFIX in batch:
+                frames = augment.jitter(frames, batch[role + augment.JITTER_SUFFIX])
             b, k, h, w, c = frames.shape
-            frames = frames.to(dtype).div(255.0).permute(0, 1, 4, 2, 3).reshape(b, k * c, h, w)
+            frames = frames.permute(0, 1, 4, 2, 3).reshape(b, k * c, h, w)
             parts.append(encoder(frames))
         if "observation" in batch:
             parts.append(self.normalize_observation(batch["observation"]).flatten(1))

@@ -10,9 +10,12 @@ Export: :mod:`~slhub_bc.export` (the policy with its normalization, loadable wit
 
 Loss: mean squared error of the normalized action chunk over its real steps (padded
 targets past an episode's end have no weight); ``LossResult.weight`` is the number
-of real target elements. Validation: the same error over every ``val_stride``-th
-window of the validation episodes, in a fixed order, and, on the expert's cart-pole
-demonstrations, the share of closed-loop rollouts that stay balanced.
+of real target elements. Image augmentation (``bc.crop``, ``bc.color_jitter``) is
+drawn in ``sample`` from the trainer's generator (:mod:`~slhub_bc.augment`).
+Validation: the same error over every ``val_stride``-th window of the validation
+episodes, in a fixed order; on the expert's cart-pole demonstrations, the share of
+closed-loop rollouts that stay balanced; with ``validation.env``, the policy rolled
+out in a simulator (:mod:`~slhub_bc.rollouts`).
 """
 
 from __future__ import annotations
@@ -27,9 +30,11 @@ from pydantic import BaseModel
 from slhub import LossResult, RecipeError, hookimpl
 from slhub.data import PAD_SUFFIX, TrainingData, WindowStream, cartpole_step
 
+from slhub_bc import augment
 from slhub_bc.data import IMAGE, STATE, cameras, offsets_of, open_data, to_batch
 from slhub_bc.model import Policy, StatePolicy, VisualPolicy
 from slhub_bc.render import render
+from slhub_bc.rollouts import EnvPlan, evaluate, plan
 from slhub_bc.sections import SECTIONS, BcDataSection, BcSection
 
 SECTION = "bc"
@@ -43,6 +48,13 @@ class BcPlugin:
     def __init__(self) -> None:
         self._data: TrainingData | None = None
         self._stream: WindowStream | None = None
+        self._env: EnvPlan | None = None
+        #: Per camera: its role, frame shape and cropped size (visual BC).
+        self._cameras: tuple[list[str], list[tuple[int, int, int]], list[tuple[int, int]]] = (
+            [],
+            [],
+            [],
+        )
 
     @hookimpl
     def recipe_sections(self) -> dict[str, type[BaseModel]]:
@@ -78,16 +90,21 @@ class BcPlugin:
                 observation, action, history=cfg.history, chunk=cfg.chunk, hidden=cfg.hidden
             )
         else:
-            shapes = [data.layouts[role].shape for role in cameras(data)]
+            roles = cameras(data)
+            shapes = [tuple(int(v) for v in data.layouts[role].shape) for role in roles]
             model = VisualPolicy(
                 observation,
                 action,
-                cameras=[(int(h), int(w), int(c)) for h, w, c in shapes],
+                cameras=shapes,
                 history=cfg.history,
                 chunk=cfg.chunk,
                 channels=cfg.channels,
                 hidden=cfg.hidden,
+                crop=cfg.crop,
             )
+            self._cameras = (roles, shapes, list(model.crops))
+        env = trainer.section("validation").env
+        self._env = plan(env, cfg, data) if env is not None else None
         self._data = data
         self._stream = data.stream(offsets, trainer.config.batch_size)  # data.decode
         return model.to(DTYPES[cfg.precision])
@@ -98,8 +115,15 @@ class BcPlugin:
     def sample(self, trainer: Any, generator: torch.Generator) -> dict[str, torch.Tensor]:
         if self._stream is None:
             raise RuntimeError("the bc plugin's build_model has not run")
+        cfg: BcSection = trainer.section(SECTION)
         window = self._stream.next(generator)
-        return to_batch(window, DTYPES[trainer.section(SECTION).precision], trainer.device)
+        batch = to_batch(window, DTYPES[cfg.precision], trainer.device)
+        roles, shapes, crops = self._cameras
+        if roles:  # drawn after the windows, from the same generator only
+            count = len(batch["action"])
+            drawn = augment.draw(generator, count, roles, shapes, crops, cfg.color_jitter)
+            batch.update({key: value.to(trainer.device) for key, value in drawn.items()})
+        return batch
 
     @hookimpl
     def objective(self, trainer: Any, model: torch.nn.Module, batch: dict) -> LossResult:
@@ -123,27 +147,32 @@ class BcPlugin:
     @hookimpl
     def validate(self, trainer: Any, model: torch.nn.Module, step: int) -> dict[str, float]:
         data = self._data
-        if data is None or not data.split.validation:
+        if data is None:
             return {}
         cfg: BcSection = trainer.section(SECTION)
         net = _unwrap(model)
         dtype = next(net.parameters()).dtype
         device = next(net.parameters()).device
-        offsets = offsets_of(cfg, data)
-        anchors = data.require_anchors(offsets, "validation")[:: cfg.val_stride]
-        total, count = 0.0, 0
-        with torch.no_grad():
-            for start in range(0, len(anchors), cfg.val_batch):
-                window = data.read(offsets, anchors[start : start + cfg.val_batch])
-                error, weight = masked_error(net, to_batch(window, dtype, device))
-                total, count = total + float(error.double()), count + weight
-        metrics = {"mse": total / max(count, 1)}
-        if cfg.rollouts:
+        metrics: dict[str, float] = {}
+        if data.split.validation:
+            offsets = offsets_of(cfg, data)
+            anchors = data.require_anchors(offsets, "validation")[:: cfg.val_stride]
+            total, count = 0.0, 0
+            with torch.no_grad():
+                for start in range(0, len(anchors), cfg.val_batch):
+                    window = data.read(offsets, anchors[start : start + cfg.val_batch])
+                    error, weight = masked_error(net, to_batch(window, dtype, device))
+                    total, count = total + float(error.double()), count + weight
+            metrics["mse"] = total / max(count, 1)
+        if cfg.rollouts and data.split.validation:
             starts = _validation_starts(data, cfg.rollouts)
             max_force = trainer.section("data").demos.max_force
             act = _policy_on(net, data, dtype, device)
             with torch.no_grad():
                 metrics["balanced"] = balanced_fraction(cfg, starts, act, max_force)
+        env = trainer.section("validation").env
+        if self._env is not None and env is not None:
+            metrics.update(evaluate(net, self._env, env, cfg, data.layouts["action"].dim))
         return metrics
 
     # -------------------------------------------------------------- export
