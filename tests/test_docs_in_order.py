@@ -86,6 +86,7 @@ SKIPPED: dict[str, str] = {
     "docs/nerd.md: python -m pytest tests/test_nerd_model.py tests/test_nerd_tra…": TESTS,
     "examples/sl_ddp/README.md: CUDA_VISIBLE_DEVICES=0,1 OMP_NUM_THREADS=1 torch…": GPU,
     "plugins/bc/README.md: pip install -e plugins/bc": INSTALL,
+    "plugins/bc/README.md: python -m slhub eval --checkpoint CKPT --env gymnasiu…": PATTERN,
     "plugins/bc/README.md: OMP_NUM_THREADS=1 python -m pytest -q plugins/bc/tests": TESTS,
     "plugins/bc/README.md: OMP_NUM_THREADS=1 python -m pytest -q -m slow plugins…": TESTS,
     "plugins/rigidformer/README.md: pip install -e plugins/rigidformer": INSTALL,

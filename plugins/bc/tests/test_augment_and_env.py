@@ -273,3 +273,35 @@ def test_eval_rolls_a_policy_out_and_writes_a_video(tmp_path, repo, pendulum):
     assert frames[0].shape == (256, 256, 3) and float(np.mean(frames[0])) > 20  # not black
     with pytest.raises(slhub.RecipeError, match="--video"):
         run_eval(tmp_path / "run" / "last.pt", video=video)
+
+
+def test_the_command_line_eval_and_a_cropping_export(tmp_path, repo, pendulum, capsys):
+    """``slhub eval --env ... --video`` through the parser, and the export of a cropping
+    visual policy: it records the crop and acts on whole frames as the checkpoint does."""
+    import av
+    from slhub.cli import main
+    from slhub.export import load
+    from slhub.export.command import run_export
+
+    recipe = _recipe(tmp_path, repo, pendulum, "visual", bc=AUGMENTED)
+    slhub.train(recipe, ["trainer.steps=3"])
+    last = tmp_path / "run" / "last.pt"
+    video = tmp_path / "eval.mp4"
+    capsys.readouterr()
+    code = main(["eval", "--checkpoint", str(last), "--env", ENV, "--episodes", "2",
+                 "--steps", "15", "--video", str(video), "--json"])  # fmt: skip
+    assert code in (0, None)
+    metrics = json.loads(capsys.readouterr().out)
+    assert metrics["env_episodes"] == 2.0 and metrics["env_length"] <= 15
+    with av.open(str(video)) as container:
+        assert sum(1 for _ in container.decode(video=0)) >= 2
+    run_export(last, tmp_path / "export")
+    manifest = json.loads((tmp_path / "export" / "export.json").read_text())
+    assert manifest["architecture"]["crop"] == 28
+    policy = load(tmp_path / "export")
+    plugin, trainer, trained = _trainer(recipe)
+    trained.load_state_dict(torch.load(last, weights_only=True)["model"])
+    batch = plugin.sample(trainer=trainer, generator=torch.Generator().manual_seed(0))
+    frames = {k: batch[k] for k in ("image[0]", "action")}
+    with torch.no_grad():
+        assert torch.equal(policy.act(frames), trained.eval().act(frames))
