@@ -84,8 +84,7 @@ def run_eval(
             settings.update(id=env, episodes=episodes, seed=seed, time_budget_s=None)
             if steps is not None:
                 settings["max_steps"] = steps
-            if video is not None:
-                settings["video"] = str(video)
+            settings["video"] = None if video is None else str(video)  # nothing else written
             validation["env"] = settings
             recipe["validation"] = validation
         elif env is not None:

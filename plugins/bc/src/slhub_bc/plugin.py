@@ -49,12 +49,10 @@ class BcPlugin:
         self._data: TrainingData | None = None
         self._stream: WindowStream | None = None
         self._env: EnvPlan | None = None
-        #: Per camera: its role, frame shape and cropped size (visual BC).
-        self._cameras: tuple[list[str], list[tuple[int, int, int]], list[tuple[int, int]]] = (
-            [],
-            [],
-            [],
-        )
+        #: Visual BC's camera roles, their frame shapes and cropped sizes (for augmentation).
+        self._camera_roles: list[str] = []
+        self._camera_shapes: list[tuple[int, int, int]] = []
+        self._crops: list[tuple[int, int]] = []
 
     @hookimpl
     def recipe_sections(self) -> dict[str, type[BaseModel]]:
@@ -91,7 +89,9 @@ class BcPlugin:
             )
         else:
             roles = cameras(data)
-            shapes = [tuple(int(v) for v in data.layouts[role].shape) for role in roles]
+            shapes = [
+                (int(h), int(w), int(c)) for h, w, c in (data.layouts[r].shape for r in roles)
+            ]
             model = VisualPolicy(
                 observation,
                 action,
@@ -102,7 +102,7 @@ class BcPlugin:
                 hidden=cfg.hidden,
                 crop=cfg.crop,
             )
-            self._cameras = (roles, shapes, list(model.crops))
+            self._camera_roles, self._camera_shapes, self._crops = roles, shapes, model.crops
         env = trainer.section("validation").env
         self._env = plan(env, cfg, data) if env is not None else None
         self._data = data
@@ -118,10 +118,11 @@ class BcPlugin:
         cfg: BcSection = trainer.section(SECTION)
         window = self._stream.next(generator)
         batch = to_batch(window, DTYPES[cfg.precision], trainer.device)
-        roles, shapes, crops = self._cameras
-        if roles:  # drawn after the windows, from the same generator only
-            count = len(batch["action"])
-            drawn = augment.draw(generator, count, roles, shapes, crops, cfg.color_jitter)
+        if self._camera_roles:  # drawn after the windows, from the same generator only
+            drawn = augment.draw(
+                generator, len(batch["action"]), self._camera_roles, self._camera_shapes,
+                self._crops, cfg.color_jitter,
+            )  # fmt: skip
             batch.update({key: value.to(trainer.device) for key, value in drawn.items()})
         return batch
 

@@ -95,7 +95,7 @@ def plan(cfg: EnvSection, bc: BcSection, data: TrainingData) -> EnvPlan:
             )
     if "image" in roles.get("observation", ()):
         raise RecipeError("validation.env: the observation role takes vectors, not the image")
-    rendered = (collected.get("render") or {}) if isinstance(collected.get("render"), dict) else {}
+    rendered = collected.get("render") if isinstance(collected.get("render"), dict) else {}
     camera = cfg.camera or rendered.get("camera")
     render = None
     if cameras(data):
