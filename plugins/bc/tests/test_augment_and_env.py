@@ -305,3 +305,23 @@ def test_the_command_line_eval_and_a_cropping_export(tmp_path, repo, pendulum, c
     frames = {k: batch[k] for k in ("image[0]", "action")}
     with torch.no_grad():
         assert torch.equal(policy.act(frames), trained.eval().act(frames))
+
+
+@pytest.mark.slow
+def test_two_gloo_workers_resume_exactly_with_augmentation_ema_and_env_validation(
+    tmp_path, repo, pendulum
+):
+    """Each rank crops with its own generator, rank 0 rolls out: the resumed 2-worker run
+    ends bit for bit where the uninterrupted one does."""
+    import os
+
+    env = {"env": {"id": ENV, "episodes": 2, "max_steps": 30}}
+    recipe = _recipe(tmp_path, repo, pendulum, "visual", bc=AUGMENTED, ema={"decay": 0.99},
+                     validation=env)  # fmt: skip
+    check = check_resume_and_revalidate(
+        recipe, BcPlugin(), stop_at=int(np.random.default_rng().integers(2, 6)),
+        workdir=tmp_path / "runs", cwd=repo, workers=2,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert check.final("resumed").world_size == 2
+    assert "validation/env_return" in _validations(check.resumed)[6]
