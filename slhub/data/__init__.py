@@ -28,6 +28,8 @@ Recorded robot data (the episode-dataset layer):
   :func:`write_store`); :mod:`slhub.data.statistics` — :func:`feature_statistics`;
   :mod:`slhub.data.identity` — :func:`fingerprint` and :func:`split_episodes`.
 - :mod:`slhub.data.readers` — LeRobot, robomimic, zarr, Minari and NeRD files.
+- :mod:`slhub.data.cartpole_section` — :class:`CartpoleDataSection`: that section
+  with the cart-pole generator's keys, for models that also train on it (NeRD, RWM).
 - :mod:`slhub.data.source` — what a model plugin trains on: :class:`DataSection` (the
   one ``data:`` recipe shape), :class:`Role` (what a plugin reads under one name) and
   :class:`TrainingData` (the dataset split by episode, its roles' statistics, windows).
@@ -52,6 +54,7 @@ from slhub.data.cartpole import (
     state_deltas,
 )
 from slhub.data.cartpole import FORMAT as CARTPOLE_FORMAT
+from slhub.data.cartpole_section import CartpoleDataSection, GeneratedSplit
 from slhub.data.episodes import (
     READER_GROUP,
     ArrayEpisodes,
@@ -79,7 +82,9 @@ from slhub.data.windows import PAD_SUFFIX, Window, sample_anchors
 __all__ = [
     "ACTION_NAMES",
     "ArrayEpisodes",
+    "CartpoleDataSection",
     "DataSection",
+    "GeneratedSplit",
     "EpisodeDataset",
     "Role",
     "RoleLayout",

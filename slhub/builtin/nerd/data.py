@@ -12,7 +12,6 @@ of ``history`` tokens, so the windowing lives here once.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,7 +26,6 @@ from slhub.data import (
     TrainingData,
     wrap_angle,
 )
-from slhub.data import cartpole_store as store_of_cartpole
 
 #: What NeRD reads, by role; the defaults are the cart-pole store's feature names.
 ROLES = {
@@ -44,21 +42,7 @@ STD_FLOOR = 1e-6
 def open_data(cfg: DataSection, trainer: Any = None) -> TrainingData:
     """The dataset of ``cfg`` (made from the cart-pole generator when it names no path),
     split by episode and recorded in the run when ``trainer`` is given."""
-    section = cfg
-    if cfg.path is None:
-        split = cfg.split.model_copy(update={"train": "train", "validation": "validation"})
-        section = cfg.model_copy(update={"path": str(cartpole_store(cfg)), "split": split})
-    return TrainingData.open(section, ROLES, trainer=trainer)
-
-
-def cartpole_store(cfg: DataSection) -> Path:
-    """The generator's episodes of ``cfg`` in slhub's store (splits ``train`` and
-    ``validation``; :func:`slhub.data.cartpole_store`)."""
-    splits = {
-        "train": (cfg.train.num_trajectories, cfg.train.length, cfg.train.seed),
-        "validation": (cfg.val.num_trajectories, cfg.val.length, cfg.val.seed),
-    }
-    return store_of_cartpole(cfg.cache_dir, splits, cfg.max_force)
+    return TrainingData.open(cfg.resolved(), ROLES, trainer=trainer)
 
 
 def layout_of(data: TrainingData, model_cfg: ModelSection, robot: str = "") -> NerdLayout:

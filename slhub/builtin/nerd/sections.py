@@ -19,13 +19,12 @@ lengths against horizons) are made in ``build_model``.
 
 from __future__ import annotations
 
-import os
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from slhub.builtin.nerd.model import LAYOUT_FEATURE_SET, NerdArch, NerdLayout
-from slhub.data import DataSection as DatasetSection
+from slhub.data import CartpoleDataSection
 
 #: The cart-pole's state component that is an angle (fed as sin/cos, wrapped).
 ANGLE_FEATURE = "theta"
@@ -74,56 +73,13 @@ class ModelSection(BaseModel):
         )
 
 
-class SplitSection(BaseModel):
-    """One generated cart-pole split: ``num_trajectories`` episodes of ``length`` steps
-    from ``seed``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    num_trajectories: int = Field(ge=1)
-    length: int = Field(ge=1)
-    seed: int = Field(ge=0)
-
-
-#: The cart-pole generator's keys, which a recipe with ``data.path`` does not use.
-GENERATOR_KEYS = ("cache_dir", "max_force", "train", "val")
-
-
-class DataSection(DatasetSection):
-    """``data``: a dataset on disk (``path`` ...), or the cart-pole generator's episodes."""
+class DataSection(CartpoleDataSection):
+    """``data``: a dataset on disk (``path`` ...), or the cart-pole generator's episodes
+    (:class:`slhub.data.CartpoleDataSection`; NeRD's defaults)."""
 
     model_config = ConfigDict(extra="forbid")
 
     cache_dir: str = Field(default=".cache/nerd_cartpole", min_length=1)
-
-    @field_validator("cache_dir")
-    @classmethod
-    def _home(cls, value: str) -> str:
-        """``~`` is the user's home, as in a shell, never a directory named ``~``."""
-        return os.path.expanduser(value)
-
-    max_force: float = Field(default=10.0, gt=0)
-    train: SplitSection = SplitSection(num_trajectories=1000, length=200, seed=0)
-    val: SplitSection = SplitSection(num_trajectories=64, length=120, seed=1)
-
-    @model_validator(mode="after")
-    def _distinct_seeds(self) -> DataSection:
-        if self.train.seed == self.val.seed:
-            raise ValueError("train.seed and val.seed must differ (independent validation data)")
-        if self.path is None and self.split != type(self.split)():
-            raise ValueError(
-                "split applies to a dataset path; the cart-pole generator's episodes are "
-                "split by data.train and data.val"
-            )
-        if self.path is not None:
-            fields = type(self).model_fields
-            unused = [k for k in GENERATOR_KEYS if getattr(self, k) != fields[k].get_default()]
-            if unused:
-                raise ValueError(
-                    f"{unused[0]} belongs to the cart-pole generator, which a dataset path "
-                    "replaces; split a dataset with data.split"
-                )
-        return self
 
 
 class LossSection(BaseModel):

@@ -13,16 +13,13 @@
 
 from __future__ import annotations
 
-import os
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from slhub.data import DataSection as DatasetSection
+from pydantic import BaseModel, ConfigDict, Field
+from slhub.data import CartpoleDataSection, GeneratedSplit
 
 #: The section holding the model's settings (the data has its own, ``data``).
 SECTION = "rwm"
-#: The cart-pole generator's keys, which a recipe with ``data.path`` does not use.
-GENERATOR_KEYS = ("cache_dir", "max_force", "train", "val")
 
 
 class RwmSection(BaseModel):
@@ -56,52 +53,15 @@ class RwmSection(BaseModel):
         return self.history + self.horizon
 
 
-class GeneratedSplit(BaseModel):
-    """One generated cart-pole split: ``num_trajectories`` episodes of ``length`` steps
-    from ``seed``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    num_trajectories: int = Field(ge=1)
-    length: int = Field(ge=1)
-    seed: int = Field(ge=0)
-
-
-class DataSection(DatasetSection):
-    """``data``: a dataset on disk (``path`` ...), or the cart-pole generator's episodes."""
+class DataSection(CartpoleDataSection):
+    """``data``: a dataset on disk (``path`` ...), or the cart-pole generator's episodes
+    (:class:`slhub.data.CartpoleDataSection`; RWM's defaults)."""
 
     model_config = ConfigDict(extra="forbid")
 
     cache_dir: str = Field(default=".cache/slhub-rwm", min_length=1)
-    max_force: float = Field(default=10.0, gt=0)
     train: GeneratedSplit = GeneratedSplit(num_trajectories=64, length=100, seed=0)
     val: GeneratedSplit = GeneratedSplit(num_trajectories=16, length=100, seed=1)
-
-    @field_validator("cache_dir")
-    @classmethod
-    def _home(cls, value: str) -> str:
-        """``~`` is the user's home, as in a shell, never a directory named ``~``."""
-        return os.path.expanduser(value)
-
-    @model_validator(mode="after")
-    def _one_source(self) -> DataSection:
-        """The generator's keys and a dataset's split never mix: each would be ignored."""
-        if self.train.seed == self.val.seed:
-            raise ValueError("train.seed and val.seed must differ (independent validation data)")
-        if self.path is None and self.split != type(self.split)():
-            raise ValueError(
-                "split applies to a dataset path; the cart-pole generator's episodes are "
-                "split by data.train and data.val"
-            )
-        if self.path is not None:
-            fields = type(self).model_fields
-            unused = [k for k in GENERATOR_KEYS if getattr(self, k) != fields[k].get_default()]
-            if unused:
-                raise ValueError(
-                    f"{unused[0]} belongs to the cart-pole generator, which a dataset path "
-                    "replaces; split a dataset with data.split"
-                )
-        return self
 
 
 #: Section name -> model, as returned by the ``recipe_sections`` hook.
