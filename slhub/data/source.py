@@ -233,6 +233,43 @@ class TrainingData:
         arrays = cached_arrays(_statistics_dir(self.dataset) / key, meta, names, make)
         return {k: np.array(v) for k, v in arrays.items()}
 
+    def change_statistics(self, role: str, angles: Sequence[int] = ()) -> dict[str, np.ndarray]:
+        """Mean and std (float64) of the step-to-step change of ``role`` over the training
+        episodes (``angles``: component indices whose change is wrapped to [-pi, pi)):
+        what a model predicting state changes (NeRD, RWM) normalizes its targets with.
+        One streaming pass, cached like :meth:`cached`.
+
+        :raises DatasetError: no training episode has two steps.
+        """
+        layout, columns = self.layouts[role], [int(a) for a in angles]
+
+        def changes() -> dict[str, np.ndarray]:
+            from slhub.data.angles import wrap_angle
+
+            count, total, squares = 0, 0.0, 0.0
+            for episode in self.split.train:
+                length = int(self.dataset.lengths[episode])
+                if length < 2:
+                    continue
+                parts = [
+                    np.asarray(self.dataset.read(name, episode, 0, length), dtype=np.float64)
+                    for name in layout.features
+                ]
+                values = np.concatenate([p.reshape(length, -1) for p in parts], axis=-1)
+                delta = np.diff(values, axis=0)
+                if columns:
+                    delta[:, columns] = wrap_angle(delta[:, columns])
+                count, total = count + len(delta), total + delta.sum(0)
+                squares = squares + np.square(delta).sum(0)
+            if count == 0:
+                raise DatasetError(f"{self.dataset.path}: no training episode has two steps")
+            mean = total / count
+            variance = np.maximum(squares / count - np.square(mean), 0.0)
+            return {"mean": mean, "std": np.sqrt(variance)}
+
+        params = {"role": role, "features": list(layout.features), "angles": columns}
+        return self.cached("changes", params, ["mean", "std"], changes)
+
     # ------------------------------------------------------------ anchors
 
     def episodes(self, which: Literal["train", "validation"]) -> tuple[int, ...]:

@@ -103,38 +103,13 @@ def normalization(data: TrainingData, layout: NerdLayout) -> tuple[torch.Tensor,
     mean = np.concatenate([data.statistics[r]["mean"] for r in roles])
     std = np.concatenate([data.statistics[r]["std"] for r in roles])
 
-    def deltas() -> dict[str, np.ndarray]:
-        count, total, squares = 0, 0.0, 0.0
-        state = data.layouts["state"]
-        for episode in data.split.train:
-            length = int(data.dataset.lengths[episode])
-            if length < 2:
-                continue
-            parts = [
-                np.asarray(data.dataset.read(name, episode, 0, length), dtype=np.float64)
-                for name in state.features
-            ]
-            states = np.concatenate([p.reshape(length, -1) for p in parts], axis=-1)
-            delta = np.diff(states, axis=0)
-            if layout.angles:
-                delta[:, list(layout.angles)] = wrap_angle(delta[:, list(layout.angles)])
-            count, total = count + len(delta), total + delta.sum(0)
-            squares = squares + np.square(delta).sum(0)
-        if count == 0:
-            raise DatasetError(f"{data.dataset.path}: no training episode has two steps")
-        delta_mean = total / count
-        variance = np.maximum(squares / count - np.square(delta_mean), 0.0)
-        return {"delta_mean": delta_mean, "delta_std": np.sqrt(variance)}
-
-    cached = data.cached(
-        "nerd.deltas", {"angles": list(layout.angles)}, ["delta_mean", "delta_std"], deltas
-    )
+    cached = data.change_statistics("state", layout.angles)
     return tuple(
         torch.from_numpy(np.asarray(a, dtype=np.float64))
         for a in (
             mean,
             np.maximum(std, STD_FLOOR),
-            cached["delta_mean"],
-            np.maximum(cached["delta_std"], STD_FLOOR),
+            cached["mean"],
+            np.maximum(cached["std"], STD_FLOOR),
         )
     )
