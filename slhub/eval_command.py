@@ -23,9 +23,11 @@ code a file names.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +39,35 @@ from slhub.export.command import choose_exporter
 from slhub.recipe import apply_overrides
 
 
-def run_eval(
+@dataclass
+class Prepared:
+    """A checkpoint's model plugin, a stand-in trainer holding its recipe's sections, and
+    its model with the weights the run validated, in eval mode: what ``slhub eval``
+    validates, and what a script plotting the model's predictions starts from."""
+
+    checkpoint: checkpoint.Checkpoint
+    plugin: Any
+    trainer: Any
+    model: torch.nn.Module
+
+    def validate(self) -> dict[str, float]:
+        """The plugin's ``validate``, as the loop calls it at the checkpoint's update."""
+        with torch.no_grad():
+            metrics = self.plugin.validate(
+                trainer=self.trainer, model=self.model, step=self.checkpoint.step
+            )
+        return {name: float(value) for name, value in (metrics or {}).items()}
+
+
+def run_eval(checkpoint_path: str | Path, **options: Any) -> dict[str, float]:
+    """The validation metrics of ``checkpoint_path``'s model (see the module docstring);
+    ``options`` are :func:`prepared`'s."""
+    with prepared(checkpoint_path, **options) as ready:
+        return ready.validate()
+
+
+@contextlib.contextmanager
+def prepared(
     checkpoint_path: str | Path,
     *,
     overrides: Sequence[str] = (),
@@ -49,8 +79,9 @@ def run_eval(
     actions: str = "smooth",
     through_termination: bool = True,
     video: str | Path | None = None,
-) -> dict[str, float]:
-    """The validation metrics of ``checkpoint_path``'s model (see the module docstring).
+) -> Iterator[Prepared]:
+    """The checkpoint's model, ready to validate on the data the options choose (fresh
+    ``env`` episodes are collected into a temporary folder, removed on exit).
 
     :param steps: the collected episodes' length (default 200), or a policy's episode
         limit (default: the recipe's ``validation.env.max_steps``, else the env's).
@@ -105,9 +136,7 @@ def run_eval(
             raise CheckpointError(
                 f"{path}: its weights do not fit the model its recipe builds ({one_line(exc)})"
             ) from None
-        with torch.no_grad():
-            metrics = model_plugin.validate(trainer=trainer, model=model.eval(), step=ckpt.step)
-        return {name: float(value) for name, value in (metrics or {}).items()}
+        yield Prepared(ckpt, model_plugin, trainer, model.eval())
     finally:
         if collected is not None:
             shutil.rmtree(collected, ignore_errors=True)

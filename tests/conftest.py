@@ -3,7 +3,13 @@ pytest loads conftest.py itself and it is not meant to be imported."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# MuJoCo reads its OpenGL backend once, when first imported (a test module may import it
+# while being collected): offscreen EGL for every test that renders
+os.environ.setdefault("MUJOCO_GL", "egl")
 
 
 @pytest.fixture(autouse=True)

@@ -3,11 +3,16 @@ shared reference datasets copied where a test may write beside them."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 from slhub.testing import StandInTrainer
+
+# MuJoCo reads its OpenGL backend once, when first imported (a test module may import it
+# while being collected): offscreen EGL for every test that renders
+os.environ.setdefault("MUJOCO_GL", "egl")
 
 from slhub_bc.plugin import SECTION, BcPlugin
 
