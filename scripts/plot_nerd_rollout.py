@@ -1,11 +1,18 @@
-"""Plot a NeRD rollout against the true cart-pole trajectory (makes docs/nerd_rollout.png).
+"""Plot NeRD rollouts against the true trajectories of any robot (makes docs/nerd_rollout.png).
 
-Needs the ``plot`` extra (matplotlib). Uses only the exported model (``slhub.export.load``)
-and the numpy cart-pole simulator, on a fresh trajectory whose seed is used by
-neither the training nor the validation split:
+Needs the ``plot`` extra (matplotlib). The checkpoint's model is rebuilt as ``slhub eval``
+rebuilds it (its recipe, the weights it validated) and rolled out from the first
+``history`` true steps of a held-out episode with the recorded actions; a few state
+components are drawn, true against predicted, with the two baselines validation
+reports ("state held", "change held") dashed. The episodes are the run's own held-out
+ones, other recorded ones (``--set data.path=...``) or fresh ones from the simulator
+(``--env``)::
 
-    python -m slhub export --checkpoint outputs/nerd_cartpole/last.pt --out exports/nerd_cartpole
-    python scripts/plot_nerd_rollout.py --export exports/nerd_cartpole --out docs/nerd_rollout.png
+    python scripts/plot_nerd_rollout.py --checkpoint outputs/nerd_cartpole/last.pt \\
+        --out docs/nerd_rollout.png
+    python scripts/plot_nerd_rollout.py --checkpoint outputs/nerd_hopper/last.pt \\
+        --env gymnasium:Hopper-v5 --components qpos.rootz qpos.rooty qpos.thigh_joint \\
+        --out hopper.png
 """
 
 from __future__ import annotations
@@ -16,17 +23,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from slhub.data import generate_trajectories, wrap_angle
-from slhub.export import load
+from slhub.builtin.nerd.data import window_offsets
+from slhub.builtin.nerd.loss import rollout_episodes
+from slhub.eval_command import prepared
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--export", required=True, help="directory written by `slhub export`")
+    parser.add_argument("--checkpoint", required=True, help="a NeRD checkpoint (v2)")
     parser.add_argument("--out", default="docs/nerd_rollout.png")
     parser.add_argument("--horizon", type=int, default=100)
-    parser.add_argument("--seed", type=int, default=2025, help="seed of the plotted trajectory")
-    parser.add_argument("--trajectories", type=int, default=64, help="for the printed MSE")
+    parser.add_argument("--episode", type=int, default=0, help="which long-enough episode")
+    parser.add_argument("--components", nargs="*", help="state components (default: 4 first)")
+    parser.add_argument("--env", help="fresh episodes from this simulator (PREFIX:ENV)")
+    parser.add_argument("--seed", type=int, default=2025, help="with --env")
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args()
 
     import matplotlib
@@ -34,56 +45,76 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    predictor = load(args.export)
-    history = predictor.history
-    states, actions = generate_trajectories(
-        args.trajectories, history + args.horizon - 1, seed=args.seed
-    )
-    tokens = np.concatenate([states[:, :history], actions[:, :history]], axis=-1)
-    future = actions[:, history : history + args.horizon - 1]
-
-    def as_tensor(array: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(array)).to(predictor.dtype)
-
-    predicted = predictor.rollout(
-        as_tensor(tokens), as_tensor(future), input_names=predictor.input_names
-    )
-    predicted = predicted.double().numpy()
-    truth = states[:, history : history + args.horizon]
-    constant = np.broadcast_to(states[:, history - 1 : history], truth.shape)
-
-    def mse(pred: np.ndarray) -> float:
-        diff = pred - truth
-        diff[..., 1] = wrap_angle(diff[..., 1])
-        return float(np.mean(diff**2))
-
-    print(
-        f"{args.trajectories} fresh trajectories, {args.horizon}-step rollout state MSE: "
-        f"NeRD {mse(predicted):.4g}, constant-state baseline {mse(constant.copy()):.4g}"
-    )
-
-    time = np.arange(history + args.horizon) * 0.02
-    fig, axes = plt.subplots(2, 2, figsize=(10, 6), sharex=True)
-    labels = [
-        "cart position x [m]",
-        "pole angle θ [rad]",
-        "cart velocity ẋ [m/s]",
-        "pole rate θ̇ [rad/s]",
-    ]
-    for i, ax in enumerate(axes.flat):
-        ax.plot(time[: history + args.horizon], states[0, : history + args.horizon, i], "k-")
-        ax.plot(time[history:], predicted[0, :, i], "C1--")
+    horizons = f"validation.horizons=[{args.horizon}]"
+    options = {"overrides": [*args.overrides, horizons], "seed": args.seed}
+    if args.env:
+        steps = prepared_history(args.checkpoint) + args.horizon + 1
+        options.update(env=args.env, episodes=max(4, args.episode + 1), steps=steps)
+    with prepared(args.checkpoint, **options) as ready:
+        model, data = ready.model, ready.plugin._data
+        layout, history = model.layout, model.arch.history
+        validation = ready.trainer.section("validation")
+        chosen = rollout_episodes(data, history, validation)[args.episode]
+        window = window_offsets(layout, history + args.horizon, 0)
+        whole = data.read(window, np.array([[chosen, history + args.horizon - 1]]))
+        states = torch.from_numpy(whole["state"])
+        inputs = [whole["action"]] + ([whole["extra"]] if layout.extra_names else [])
+        controls = torch.from_numpy(np.concatenate(inputs, axis=-1))
+        dtype = next(model.parameters()).dtype
+        tokens = torch.cat([states[:, :history], controls[:, :history]], -1).to(dtype)
+        with torch.no_grad():
+            predicted = model.rollout(tokens, controls[:, history:].to(dtype)).double()[0]
+        fps = data.dataset.fps or 1.0
+        metrics = ready.validate()
+    names = args.components or list(layout.state_names[:4])
+    missing = [n for n in names if n not in layout.state_names]
+    if missing:
+        raise SystemExit(f"{missing[0]!r} is not a state component: {list(layout.state_names)}")
+    truth = states[0].numpy()
+    last, before = truth[history - 1], truth[history - 2] if history > 1 else truth[history - 1]
+    ahead = np.arange(1, args.horizon + 1)[:, None]
+    held, linear = np.broadcast_to(last, (args.horizon, len(last))), last + ahead * (last - before)
+    time = np.arange(len(truth)) / fps
+    rows = (len(names) + 1) // 2
+    fig, axes = plt.subplots(rows, 2, figsize=(10, 2.6 * rows + 0.6), sharex=True, squeeze=False)
+    for ax, name in zip(axes.flat, names, strict=False):
+        i = layout.state_names.index(name)
         ax.axvspan(0, time[history - 1], color="0.9")
-        ax.set_ylabel(labels[i])
+        ax.plot(time, truth[:, i], "k-", label="ground truth")
+        ax.plot(time[history:], predicted[:, i].numpy(), "C1-", label="NeRD rollout")
+        ax.plot(time[history:], held[:, i], "C7--", lw=1, label="state held")
+        span = np.ptp(truth[:, i]) or 1.0
+        low, high = truth[:, i].min() - 0.5 * span, truth[:, i].max() + 0.5 * span
+        ax.plot(time[history:], np.clip(linear[:, i], low, high), "C2:", lw=1, label="change held")
+        ax.set_ylim(low, high)
+        ax.set_ylabel(name)
         ax.grid(alpha=0.3)
-    axes[0, 0].legend(["ground truth", "NeRD rollout"], loc="best")
-    for ax in axes[1]:
-        ax.set_xlabel("time [s] (grey: true history given to the model)")
-    fig.suptitle(f"NeRD cart-pole: {args.horizon}-step autoregressive rollout (seed {args.seed})")
+    for ax in axes.flat[len(names) :]:
+        ax.axis("off")
+    axes.flat[0].legend(loc="best", fontsize=8)
+    for ax in axes[-1]:
+        ax.set_xlabel("time [s] (grey: the true history the model starts from)")
+    robot = args.env or Path(str(data.dataset.path)).name.split("-")[0]
+    k = args.horizon
+    fig.suptitle(
+        f"NeRD on {robot}: a {k}-step rollout of held-out episode {chosen}\n"
+        f"{k}-step MSE over every held-out episode: rollout "
+        f"{metrics[f'rollout_mse_{k}']:.3g}, state held {metrics[f'baseline_mse_{k}']:.3g}, "
+        f"change held {metrics[f'linear_mse_{k}']:.3g}",
+        fontsize=10,
+    )
     fig.tight_layout()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.out, dpi=110)
+    fig.savefig(args.out, dpi=100)
     print(f"wrote {args.out}")
+
+
+def prepared_history(checkpoint_path: str) -> int:
+    """The model's history length, from the checkpoint's recipe."""
+    from slhub import checkpoint
+
+    recipe = checkpoint.load(checkpoint_path).recipe or {}
+    return int((recipe.get("model") or {}).get("history", 10))
 
 
 if __name__ == "__main__":
