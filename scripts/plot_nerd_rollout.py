@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,7 +29,8 @@ from slhub.builtin.nerd.loss import rollout_episodes
 from slhub.eval_command import prepared
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> Any:
+    """Draw and save the figure; returns it (its lines are what the tests check)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", required=True, help="a NeRD checkpoint (v2)")
     parser.add_argument("--out", default="docs/nerd_rollout.png")
@@ -38,7 +40,7 @@ def main() -> None:
     parser.add_argument("--env", help="fresh episodes from this simulator (PREFIX:ENV)")
     parser.add_argument("--seed", type=int, default=2025, help="with --env")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     import matplotlib
 
@@ -107,6 +109,7 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.out, dpi=100)
     print(f"wrote {args.out}")
+    return fig
 
 
 def prepared_history(checkpoint_path: str) -> int:

@@ -147,3 +147,38 @@ def test_nerd_on_two_gloo_workers_beats_both_baselines_and_resumes_exactly(
         overrides=[*SMALL, f"data.path={pendulum}"], timeout=600,
     )  # fmt: skip
     _beats_both_baselines(_last_validation(check.resumed))
+
+
+def test_the_rollout_plot_draws_the_recorded_truth_and_the_models_rollout(
+    trained: Path, pendulum: Path, tmp_path: Path
+):
+    import importlib.util
+
+    from slhub.data import open_dataset
+
+    spec = importlib.util.spec_from_file_location(
+        "plot_nerd_rollout", REPO / "scripts" / "plot_nerd_rollout.py"
+    )
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "rollout.png"
+    fig = script.main(["--checkpoint", str(trained / "last.pt"), "--out", str(out),
+                       "--components", "qpos.hinge", "--horizon", "50"])  # fmt: skip
+    assert out.stat().st_size > 0
+    truth, rollout = fig.axes[0].lines[:2]
+    episode = int(fig.texts[0].get_text().split("episode ")[1].split()[0])
+    dataset = open_dataset(pendulum)
+    hinge = dataset.read("qpos", episode, 0, 10 + 50)[:, 1]
+    assert np.array_equal(truth.get_ydata(), hinge)  # the recorded episode, as it is
+    # the orange line is the exported model's rollout from the same history
+    from slhub.export import load
+    from slhub.export.command import run_export
+
+    run_export(trained / "last.pt", tmp_path / "export")
+    predictor = load(tmp_path / "export")
+    state = np.concatenate([dataset.read(f, episode, 0, 60) for f in ("qpos", "qvel")], -1)
+    action = dataset.read("action", episode, 0, 60)
+    tokens = torch.from_numpy(np.concatenate([state[:10], action[:10]], -1)[None]).float()
+    future = torch.from_numpy(action[None, 10:59]).float()
+    rolled = predictor.rollout(tokens, future, input_names=predictor.input_names)
+    assert np.array_equal(rollout.get_ydata(), rolled[0, :, 1].double().numpy())
