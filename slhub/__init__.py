@@ -3,7 +3,8 @@
 The public face for plugin authors and users: the hook marker and contract
 types, the errors (and :func:`one_line`, which turns any exception into a
 user's one-line message), the process-group scope, the Python entry to
-training, the reader of a run's metrics history, the recipe's optimizer and
+training and its counterpart ``evaluate`` (``slhub eval``), the reader of a run's
+metrics history, the recipe's optimizer and
 schedule builders, the random-state helpers and slhub's logger. Built-in and
 external plugins import only these names and the public modules
 ``slhub.data``, ``slhub.sim``, ``slhub.export`` and ``slhub.testing``;
@@ -36,6 +37,7 @@ from slhub.recipe import load_recipe
 #: Public names imported on first use: name -> (module, name there).
 _LAZY = {
     "train": ("slhub.run", "train"),
+    "evaluate": ("slhub.eval_command", "run_eval"),
     "distributed_run": ("slhub.distributed", "distributed_run"),
     "OptimSection": ("slhub.optim", "OptimSection"),
     "ScheduleSection": ("slhub.optim", "ScheduleSection"),
@@ -66,6 +68,7 @@ __all__ = [
     "build_optimizer",
     "build_schedule",
     "distributed_run",
+    "evaluate",
     "get_logger",
     "hookimpl",
     "load_recipe",
