@@ -163,10 +163,16 @@ EXAMPLES = {
         "data.demos.val_episodes=2",
         "bc.rollouts=2",
     ],
+    "examples/bc/pendulum_state.yaml": ["validation.env.episodes=1"],
+    "examples/bc/reacher_state.yaml": ["validation.env.episodes=1"],
+    "examples/bc/pendulum_visual.yaml": ["validation.env.episodes=1"],
 }
 #: Examples whose data ``slhub data collect`` makes first (as their comments say), here
-#: fewer and shorter episodes (long enough for the largest validation horizon).
-COLLECTED = {
+#: fewer and shorter episodes (long enough for the largest validation horizon): folder,
+#: env and, where the recipe reads more than smooth random actions, how to act.
+PENDULUM_EXPERT = ("--actions", "policy", "--policy", "slhub.sim.experts:inverted_pendulum")
+REACHER_EXPERT = ("--actions", "policy", "--policy", "slhub.sim.experts:reacher")
+COLLECTED: dict[str, tuple[str, ...]] = {
     "examples/nerd/hopper/sl.train.yaml": ("datasets/hopper", "gymnasium:Hopper-v5"),
     "examples/nerd/pendulum/sl.train.yaml": (
         "datasets/inverted_pendulum",
@@ -174,8 +180,28 @@ COLLECTED = {
     ),
     "examples/rwm/halfcheetah.yaml": ("datasets/halfcheetah", "gymnasium:HalfCheetah-v5"),
     "examples/nerd/ant/sl.train.yaml": ("datasets/ant", "gymnasium:Ant-v5"),
+    # BC learns the expert's policy_action (DART), the visual policy from its frames
+    "examples/bc/pendulum_state.yaml": (
+        "datasets/pendulum_dart",
+        "gymnasium:InvertedPendulum-v5",
+        *PENDULUM_EXPERT,
+        *("--noise", "0.5"),
+    ),
+    "examples/bc/reacher_state.yaml": (
+        "datasets/reacher_dart",
+        "gymnasium:Reacher-v5",
+        *REACHER_EXPERT,
+        *("--noise", "0.1"),
+    ),
+    "examples/bc/pendulum_visual.yaml": (
+        "datasets/pendulum_visual_dart",
+        "gymnasium:InvertedPendulum-v5",
+        *PENDULUM_EXPERT,
+        *("--noise", "0.5", "--render", "--size", "64", "--camera", "fixed"),
+    ),
 }
-EXAMPLES.update(dict.fromkeys(COLLECTED, []))
+for _example in COLLECTED:
+    EXAMPLES.setdefault(_example, [])
 #: The widest value a float takes at 4 significant digits.
 WIDEST = -1.234e-05
 
@@ -200,9 +226,10 @@ def test_console_lines_of_every_example_fit_100_columns(
     monkeypatch.chdir(tmp_path)
     if example in COLLECTED:
         pytest.importorskip("mujoco")
-        folder, env = COLLECTED[example]
+        folder, env, *how = COLLECTED[example]
+        how = how or ["--actions", "smooth", "--through-termination"]
         argv = ["data", "collect", folder, "--env", env, "--episodes", "10", "--steps", "120",
-                "--actions", "smooth", "--seed", "0", "--through-termination"]  # fmt: skip
+                "--seed", "0", *how]  # fmt: skip
         assert cli.main(argv) == 0, capsys.readouterr().err
         capsys.readouterr()
     sets = ["trainer.steps=2", "trainer.validate_every=1", "trainer.save_every=2"]
