@@ -59,7 +59,11 @@ EXAMPLES = {
         "slhub-bc",
         ["data.demos.train_episodes=8", "data.demos.val_episodes=2", "bc.rollouts=2"],
     ),
-    "bc_visual": ("bc/visual.yaml", "slhub-bc", ["data.demos.train_episodes=8", "bc.val_stride=30"]),
+    "bc_visual": (
+        "bc/visual.yaml",
+        "slhub-bc",
+        ["data.demos.train_episodes=8", "bc.val_stride=30"],
+    ),
 }
 
 
