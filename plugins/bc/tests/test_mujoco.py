@@ -14,7 +14,6 @@ import yaml
 
 pytest.importorskip("mujoco")
 from slhub.data import open_dataset  # noqa: E402
-from slhub.eval_command import run_eval  # noqa: E402
 from slhub.sim import collect  # noqa: E402
 
 #: Evaluation starts: collect's seed 1000 (the demonstrations use seed 0).
@@ -60,7 +59,7 @@ def test_state_bc_balances_the_inverted_pendulum_as_the_expert_does(tmp_path, re
     assert min(_returns(demos)) == 250.0  # the noisy demonstrator itself never fell
     last = _train(tmp_path, repo, "examples/bc/pendulum_state.yaml", demos,
                   _budget(300))  # fmt: skip
-    metrics = run_eval(last, env=env, episodes=5, seed=EVAL_SEED)
+    metrics = slhub.evaluate(last, env=env, episodes=5, seed=EVAL_SEED)
     reference = _expert_return(tmp_path, env, expert, episodes=5, steps=1000)
     assert reference == 1000.0
     assert metrics["env_episodes"] == 5.0
@@ -78,7 +77,7 @@ def test_state_bc_reaches_the_target_of_reacher_as_the_expert_does(tmp_path, rep
             seed=0)  # fmt: skip
     last = _train(tmp_path, repo, "examples/bc/reacher_state.yaml", demos,
                   _budget(1500))  # fmt: skip
-    metrics = run_eval(last, env=env, episodes=20, seed=EVAL_SEED)
+    metrics = slhub.evaluate(last, env=env, episodes=20, seed=EVAL_SEED)
     reference = _expert_return(tmp_path, env, expert, episodes=20, steps=50)
     random_path = tmp_path / "random"
     collect(random_path, env, episodes=20, steps=50, actions="uniform", seed=EVAL_SEED)
