@@ -24,8 +24,8 @@ READMES = {
 @pytest.mark.parametrize("readme", list(READMES))
 def test_readme_recipes_match_the_examples(readme: str) -> None:
     blocks = re.findall(r"```yaml\n(.*?)```", (REPO / readme).read_text(), re.S)
-    # whole recipes (a model plugin named) must be the example files; fragments that show
-    # one section are checked by the docs-in-order test
+    # whole recipes (a model plugin named) must be the example files, in order; a fragment
+    # showing one section is not a recipe
     blocks = [b for b in blocks if "plugin" in (yaml.safe_load(b) or {})]
     assert len(blocks) == len(READMES[readme])
     for block, example in zip(blocks, READMES[readme], strict=True):
