@@ -356,7 +356,7 @@ def test_export_writes_the_average_as_the_weights_and_records_it(tmp_path: Path)
     assert not all(torch.equal(weights[n], ckpt.model[n]) for n in ckpt.ema.weights)
     manifest = json.loads((exported.path / "export.json").read_text())
     assert manifest["kind"] == "ema-probe"
-    assert manifest["weights"] == {"source": "ema", "updates": 12, "ema": ckpt.recipe["ema"]}
+    assert manifest["averaged_weights"] == {"updates": 12, "ema": ckpt.recipe["ema"]}
 
 
 def test_export_without_ema_is_unchanged(tmp_path: Path):
@@ -366,4 +366,30 @@ def test_export_without_ema_is_unchanged(tmp_path: Path):
     weights = torch.load(exported.path / "weights.pt", weights_only=True)
     model = checkpoint.load(out / "last.pt").model
     assert all(torch.equal(weights[n], t) for n, t in model.items())
-    assert "weights" not in json.loads((exported.path / "export.json").read_text())
+    assert "averaged_weights" not in json.loads((exported.path / "export.json").read_text())
+
+
+def test_a_nerd_export_of_an_ema_run_loads_and_predicts_with_the_average(tmp_path: Path):
+    """The record of the average has its own key: NeRD's manifest names its weights file
+    under ``weights``, which the record once replaced (the export no longer loaded)."""
+    from slhub.export import load
+
+    recipe = write_recipe(
+        tmp_path / "nerd.yaml", base=REPO / "examples" / "nerd" / "cartpole" / "sl.train.yaml",
+        trainer__steps=4, trainer__validate_every=2, trainer__save_every=2,
+        trainer__batch_size=8, trainer__device="cpu", trainer__output_dir=str(tmp_path / "run"),
+        model__width=16, model__layers=1, model__heads=2, model__mlp_hidden=32, model__history=4,
+        data__cache_dir=str(tmp_path / "cache"), validation__horizons=[2],
+        data__train={"num_trajectories": 8, "length": 20, "seed": 0},
+        data__val={"num_trajectories": 2, "length": 12, "seed": 1}, ema={"decay": 0.5},
+    )  # fmt: skip
+    train(recipe)
+    ckpt = checkpoint.load(tmp_path / "run" / "last.pt")
+    run_export(tmp_path / "run" / "last.pt", tmp_path / "export")
+    predictor = load(tmp_path / "export")
+    state = predictor.model.state_dict()
+    assert all(torch.equal(state[n], t) for n, t in ckpt.ema.weights.items())
+    manifest = json.loads((tmp_path / "export" / "export.json").read_text())
+    assert (
+        manifest["weights"] == "model.safetensors" and manifest["averaged_weights"]["updates"] == 4
+    )

@@ -13,7 +13,7 @@ A checkpoint of a run with an ``ema`` recipe section is exported with its moving
 average as the model's weights: the exporter receives the checkpoint with ``model``
 holding :attr:`~slhub.checkpoint.Checkpoint.evaluation_weights` (the weights the run
 validated and picked ``best.pt`` by), and ``export.json`` then records
-``weights: {source: ema, updates: N, ema: SECTION}`` so a reader knows which weights
+``averaged_weights: {updates: N, ema: SECTION}`` so a reader knows which weights
 it holds.
 
 With ``--onnx`` the export just written is loaded (:func:`slhub.export.load`) and
@@ -115,7 +115,8 @@ def _record_ema_weights(exported: Exported, ckpt: checkpoint.Checkpoint) -> None
     if not isinstance(manifest, dict):
         raise PluginError(f"{hook} wrote {manifest_path} holding no JSON object")
     assert ckpt.ema is not None
-    manifest["weights"] = {"source": "ema", "updates": ckpt.ema.step, "ema": ckpt.recipe.get("ema")}
+    # its own key: an exporter's "weights" names its weights file (NeRD's, BC's, RWM's)
+    manifest["averaged_weights"] = {"updates": ckpt.ema.step, "ema": ckpt.recipe.get("ema")}
     atomic_write(json.dumps(manifest, indent=2) + "\n", manifest_path)
 
 

@@ -54,7 +54,9 @@ VISUAL = {
 
 def _recipe(tmp_path: Path, repo: Path, dataset: Path, observation: str, features: dict) -> Path:
     """The example recipe made tiny, training on ``dataset``: 2 observation steps, a
-    padded 16-step action chunk, one validation episode."""
+    padded 16-step action chunk, one validation episode; an EMA of the weights, and for
+    the visual policy a random 40 x 40 crop of the 48 x 48 frames (issue 23's matrix:
+    every format resumes bit-exact with both on)."""
     raw = yaml.safe_load((repo / f"examples/bc/{observation}.yaml").read_text())
     raw["trainer"].update(
         steps=6, batch_size=4 if observation == "visual" else 8, validate_every=3,
@@ -63,6 +65,9 @@ def _recipe(tmp_path: Path, repo: Path, dataset: Path, observation: str, feature
     raw["bc"].update(
         history=2, frame_gap=1, chunk=16, hidden=16, channels=4, val_stride=2, rollouts=0
     )
+    if observation == "visual":
+        raw["bc"]["crop"] = 40
+    raw["ema"] = {"decay": 0.9}
     raw["data"] = {
         "path": str(dataset),
         "split": {"validation_ratio": 0.25, "seed": 0},
@@ -82,6 +87,7 @@ def _check(tmp_path, repo, copy_dataset, name, observation, features, **resume):
         recipe, BcPlugin(), stop_at=stop_at, workdir=tmp_path / "runs", cwd=repo, **resume
     )
     final = check.final("resumed")
+    assert final.ema is not None and final.ema.step == final.step
     recorded = final.run["datasets"]["data"]
     assert recorded["fingerprint"]["format"] == open_dataset(dataset).format
     assert len(recorded["split"]["validation"]) == 1
@@ -168,7 +174,9 @@ def test_the_export_carries_the_normalization_and_acts_as_the_checkpoint(
     run_export(tmp_path / "run" / "last.pt", tmp_path / "export")
     policy = load(tmp_path / "export")
     last = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
-    assert all(torch.equal(policy.state_dict()[k], v) for k, v in last["model"].items())
+    # the weights the run validated: the moving average in place of the trained parameters
+    validated = {**last["model"], **last["ema"]["weights"]}
+    assert all(torch.equal(policy.state_dict()[k], v) for k, v in validated.items())
     assert set(policy.state_dict()) == set(last["model"])
     manifest = json.loads((tmp_path / "export" / "export.json").read_text())
     assert manifest["kind"] == "bc" and manifest["features"] == features
@@ -177,7 +185,7 @@ def test_the_export_carries_the_normalization_and_acts_as_the_checkpoint(
     trainer = StandInTrainer(plugin, {k: last["run"]["recipe"][k] for k in ("bc", "data")},
                              **last["run"]["recipe"]["trainer"])  # fmt: skip
     trained = trainer.build(plugin)
-    trained.load_state_dict(last["model"])
+    trained.load_state_dict(validated)
     batch = plugin.sample(trainer=trainer, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(policy.act(batch), trained.eval().act(batch))
