@@ -193,7 +193,9 @@ def test_version_help_and_plugin_listing(capsys):
             cli.main([command, "--help"])
         text = capsys.readouterr().out
         assert f"examples:\n  slhub {command}" in text or f"examples:\n  {command}" in text, text
-        assert "exit status:" in text and "75" in text
+        assert "exit status:" in text
+        # only training can be preempted; the other commands list what they can return
+        assert (" 75 " in text) == (command == "train"), text
 
     assert cli.main(["plugins"]) == 0
     header, *rows = capsys.readouterr().out.splitlines()

@@ -257,7 +257,7 @@ def test_env_validation_refuses_what_it_cannot_simulate_at_build(
 
 def test_eval_rolls_a_policy_out_and_writes_a_video(tmp_path, repo, pendulum):
     import av
-    from slhub.eval_command import run_eval
+    from slhub import evaluate as run_eval
 
     recipe = _recipe(tmp_path, repo, pendulum, "state")
     slhub.train(recipe)
@@ -278,8 +278,10 @@ def test_eval_rolls_a_policy_out_and_writes_a_video(tmp_path, repo, pendulum):
 def test_the_command_line_eval_and_a_cropping_export(tmp_path, repo, pendulum, capsys):
     """``slhub eval --env ... --video`` through the parser, and the export of a cropping
     visual policy: it records the crop and acts on whole frames as the checkpoint does."""
+    import subprocess
+    import sys
+
     import av
-    from slhub.cli import main
     from slhub.export import load
     from slhub.export.command import run_export
 
@@ -287,11 +289,13 @@ def test_the_command_line_eval_and_a_cropping_export(tmp_path, repo, pendulum, c
     slhub.train(recipe, ["trainer.steps=3"])
     last = tmp_path / "run" / "last.pt"
     video = tmp_path / "eval.mp4"
-    capsys.readouterr()
-    code = main(["eval", "--checkpoint", str(last), "--env", ENV, "--episodes", "2",
-                 "--steps", "15", "--video", str(video), "--json"])  # fmt: skip
-    assert code in (0, None)
-    metrics = json.loads(capsys.readouterr().out)
+    done = subprocess.run(
+        [sys.executable, "-m", "slhub", "eval", "--checkpoint", str(last), "--env", ENV,
+         "--episodes", "2", "--steps", "15", "--video", str(video), "--json"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    metrics = json.loads(done.stdout)
     assert metrics["env_episodes"] == 2.0 and metrics["env_length"] <= 15
     with av.open(str(video)) as container:
         assert sum(1 for _ in container.decode(video=0)) >= 2

@@ -86,7 +86,7 @@ def test_rwm_trains_from_every_format_and_resumes_exactly(tmp_path, repo, copy_d
     assert bool(layout.extra_names) == ("extra" in FORMATS[name])
     cache = dataset / ".slhub" if dataset.is_dir() else tmp_path / "xdg" / "slhub"
     names = [json.loads(m.read_text()).get("name") for m in cache.glob("statistics/*/meta.json")]
-    assert names.count("rwm.deltas") == 1  # RWM's state-change statistics, beside the data
+    assert names.count("changes") == 1  # the state-change statistics, beside the data
     metrics = check.metrics_after("resumed", 5)[-1]
     assert metrics["validation/baseline_relative_error"] > 0
 
