@@ -907,10 +907,11 @@ def test_help_runs_for_every_command():
 # --- the slow one: every command, for real, on a fresh copy -------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.docs_run
 def test_every_doc_command_runs_for_real_on_a_fresh_copy(tmp_path: Path):
     """The commands the fast test checks, run in order by bash in a copy of the tracked
-    files (minutes: every example trains)."""
+    files (tens of minutes: every example trains and the MuJoCo ones collect first), so
+    neither README's test command nor ``-m slow`` runs it: ``python -m pytest -m docs_run``."""
     tracked = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
         cwd=REPO, capture_output=True, text=True, check=True,
