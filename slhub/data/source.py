@@ -270,6 +270,26 @@ class TrainingData:
         params = {"role": role, "features": list(layout.features), "angles": columns}
         return self.cached("changes", params, ["mean", "std"], changes)
 
+    def delta_normalization(
+        self, inputs: Sequence[str], angles: Sequence[int] = (), floor: float = 1e-6
+    ) -> tuple[torch.Tensor, ...]:
+        """What a model fed ``inputs`` (roles, in token order) and predicting changes of
+        ``state`` normalizes with (NeRD, RWM): the inputs' mean and std and the state
+        change's mean and std (:meth:`change_statistics`), float64, std floored at
+        ``floor`` so a constant component stays finite."""
+        mean = np.concatenate([self.statistics[r]["mean"] for r in inputs])
+        std = np.concatenate([self.statistics[r]["std"] for r in inputs])
+        change = self.change_statistics("state", angles)
+        return tuple(
+            torch.from_numpy(np.asarray(a, dtype=np.float64))
+            for a in (
+                mean,
+                np.maximum(std, floor),
+                change["mean"],
+                np.maximum(change["std"], floor),
+            )
+        )
+
     # ------------------------------------------------------------ anchors
 
     def episodes(self, which: Literal["train", "validation"]) -> tuple[int, ...]:

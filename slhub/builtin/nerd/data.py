@@ -96,20 +96,8 @@ def tokens_of(
 
 
 def normalization(data: TrainingData, layout: NerdLayout) -> tuple[torch.Tensor, ...]:
-    """Token mean/std (from the dataset's statistics) and state-change mean/std (one
-    streaming pass over the training episodes, cached by the dataset's fingerprint),
-    float64, with the std floored at :data:`STD_FLOOR`."""
+    """The inputs' (state, action, extra) and the state change's mean and std
+    (:meth:`slhub.data.TrainingData.delta_normalization`), std floored at
+    :data:`STD_FLOOR`."""
     roles = ["state", "action"] + (["extra"] if layout.extra_names else [])
-    mean = np.concatenate([data.statistics[r]["mean"] for r in roles])
-    std = np.concatenate([data.statistics[r]["std"] for r in roles])
-
-    cached = data.change_statistics("state", layout.angles)
-    return tuple(
-        torch.from_numpy(np.asarray(a, dtype=np.float64))
-        for a in (
-            mean,
-            np.maximum(std, STD_FLOOR),
-            cached["mean"],
-            np.maximum(cached["std"], STD_FLOOR),
-        )
-    )
+    return data.delta_normalization(roles, layout.angles, STD_FLOOR)

@@ -108,20 +108,8 @@ def validation_anchors(data: TrainingData, layout: RwmLayout, stride: int) -> np
 
 
 def normalization(data: TrainingData, layout: RwmLayout) -> tuple[torch.Tensor, ...]:
-    """Input mean/std (the dataset's statistics of state, action and extra) and
-    state-change mean/std (one streaming pass over the training episodes, angle changes
-    wrapped, cached by the dataset's fingerprint), float64, std floored at
+    """The inputs' (state, action, extra) and the state change's mean and std
+    (:meth:`slhub.data.TrainingData.delta_normalization`), std floored at
     :data:`STD_FLOOR`."""
     roles = ["state", "action"] + (["extra"] if layout.extra_names else [])
-    mean = np.concatenate([data.statistics[r]["mean"] for r in roles])
-    std = np.concatenate([data.statistics[r]["std"] for r in roles])
-    cached = data.change_statistics("state", layout.angles)
-    return tuple(
-        torch.from_numpy(np.asarray(a, dtype=np.float64))
-        for a in (
-            mean,
-            np.maximum(std, STD_FLOOR),
-            cached["mean"],
-            np.maximum(cached["std"], STD_FLOOR),
-        )
-    )
+    return data.delta_normalization(roles, layout.angles, STD_FLOOR)
