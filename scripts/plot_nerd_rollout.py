@@ -1,4 +1,4 @@
-"""Plot NeRD rollouts against the true trajectories of any robot (makes docs/nerd_rollout.png).
+"""Plot NeRD rollouts against the true trajectories of any robot (docs/nerd_rollout.png's figure).
 
 Needs the ``plot`` extra (matplotlib). The checkpoint's model is rebuilt as ``slhub eval``
 rebuilds it (its recipe, the weights it validated) and rolled out from the first
@@ -9,10 +9,10 @@ ones, other recorded ones (``--set data.path=...``) or fresh ones from the simul
 (``--env``)::
 
     python scripts/plot_nerd_rollout.py --checkpoint outputs/nerd_cartpole/last.pt \\
-        --out docs/nerd_rollout.png
+        --out outputs/figures/nerd_rollout.png
     python scripts/plot_nerd_rollout.py --checkpoint outputs/nerd_hopper/last.pt \\
         --env gymnasium:Hopper-v5 --components qpos.rootz qpos.rooty qpos.thigh_joint \\
-        --out hopper.png
+        --out outputs/figures/hopper.png
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> Any:
     """Draw and save the figure; returns it (its lines are what the tests check)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", required=True, help="a NeRD checkpoint (v2)")
-    parser.add_argument("--out", default="docs/nerd_rollout.png")
+    parser.add_argument("--out", default="outputs/figures/nerd_rollout.png")
     parser.add_argument("--horizon", type=int, default=100)
     parser.add_argument("--episode", type=int, default=0, help="which long-enough episode")
     parser.add_argument("--components", nargs="*", help="state components (default: 4 first)")

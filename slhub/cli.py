@@ -7,15 +7,17 @@ slhub plugins
 slhub inspect CKPT
 slhub export --checkpoint CKPT --out DIR [--plugin NAME] [--onnx]
 slhub plot RUN_DIR [--out FILE.png]
-slhub data info|check PATH [--format NAME]; slhub data convert SRC DST [--format NAME]
+slhub data info|check PATH [--format NAME]
+slhub data convert SRC DST [--to slhub|lerobot] [--fps HZ] [--format NAME]
 slhub data collect DST --env gymnasium:ENV --episodes N --steps T --seed S [--actions ...]
 slhub --version
 
 Exit status: 0 done; 2 bad input or a rank failure (one line); 75 preempted (a
 checkpoint of the last update was written: rerun with ``--resume auto``); 130
 interrupted; 128+N a second stop signal N; 1 a bug (with a traceback) or, one line, a
-worker that lost the others (a worker died). Under ``slhub launch`` a worker leaves
-its last line to the launcher, which prints one line for all of them.
+worker that lost the others (a worker died); 141 when stdout's reader went away
+(``| head``). Under ``slhub launch`` a worker leaves its last line to the launcher,
+which prints one line for all of them.
 """
 
 from __future__ import annotations
@@ -28,10 +30,12 @@ import sys
 from collections.abc import Sequence
 
 from slhub._version import __version__
-from slhub.errors import SlhubError
+from slhub.errors import SlhubError, one_line
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+#: The most characters of a refusal's one line (a longer message is cut).
+LONGEST_LINE = 1000
 
 EXIT_CODES = """exit status:
   0    done
@@ -194,7 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
         "eval",
         "judge a checkpoint as its run validated it: on the run's held-out episodes, other "
         "recorded ones (--set data.path=...), or fresh ones from a simulator (--env: a "
-        "policy is rolled out in it, a learned simulator is compared with it)",
+        "policy is rolled out in it, a learned simulator that reads episodes is compared "
+        "with it; any other model is refused)",
         "examples:\n  slhub eval --checkpoint outputs/nerd_pendulum/last.pt\n"
         "  slhub eval --checkpoint outputs/nerd_pendulum/last.pt "
         "--env gymnasium:InvertedPendulum-v5 --episodes 20 --steps 200\n"
@@ -221,19 +226,22 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PREFIX:ENV",
         help="roll a policy out in this simulator, or collect fresh episodes from it first",
     )
-    evaluate.add_argument("--episodes", type=int, default=16, help="with --env (default 16)")
+    evaluate.add_argument("--episodes", type=int, default=16, help="with --env, >= 1 (default 16)")
     evaluate.add_argument(
         "--steps",
         type=int,
-        help="with --env: collected episodes' length (default 200); a policy's episode "
+        help="with --env, >= 1: collected episodes' length (default 200); a policy's episode "
         "limit (default: the recipe's, else the env's)",
     )
-    evaluate.add_argument("--seed", type=int, default=1000, help="with --env (default 1000)")
+    evaluate.add_argument("--seed", type=int, default=1000, help="with --env, >= 0 (default 1000)")
     evaluate.add_argument(
         "--actions", choices=("uniform", "smooth"), default="smooth", help="with --env"
     )
     evaluate.add_argument(
-        "--video", metavar="FILE.mp4", help="with --env, a policy's first rollout as a video"
+        "--video",
+        metavar="FILE.mp4",
+        help="with --env (refused without it), a policy's first rollout as an mp4 video, "
+        "into a folder that exists",
     )
     evaluate.add_argument("--json", action="store_true", help="one JSON object instead")
 
@@ -278,7 +286,18 @@ def build_parser() -> argparse.ArgumentParser:
                 "--to",
                 choices=("slhub", "lerobot"),
                 default="slhub",
-                help="slhub's store (default), or LeRobot v3.0: parquet and H.264 mp4 video",
+                help="slhub's store (default), or LeRobot v3.0: parquet and H.264 mp4 video "
+                "(a source without tasks gets its folder's name as the one task); both keep "
+                "each step's task where the source records tasks (LeRobot's)",
+            )
+            parser_.add_argument(
+                "--fps",
+                type=float,
+                metavar="HZ",
+                help="the control rate (steps per second) of a source that records none "
+                "(robomimic, zarr, Minari, NeRD): --to lerobot refuses such a source without "
+                "it; the store records it. A source that records an fps keeps it: a "
+                "different --fps is refused",
             )
         if action == "check":
             parser_.add_argument(
@@ -394,7 +413,7 @@ def _data(args: argparse.Namespace) -> None:
             )
         )
     else:
-        print(command.convert(args.path, args.destination, args.format, to=args.to))
+        print(command.convert(args.path, args.destination, args.format, to=args.to, fps=args.fps))
 
 
 def _train(args: argparse.Namespace) -> None:
@@ -494,7 +513,7 @@ PATH_ARGUMENTS: dict[str, tuple[tuple[str, str], ...]] = {
     "train": (("config", "--config"), ("resume", "--resume")),
     "inspect": (("checkpoint", "CKPT"),),
     "export": (("checkpoint", "--checkpoint"), ("out", "--out")),
-    "eval": (("checkpoint", "--checkpoint"),),
+    "eval": (("checkpoint", "--checkpoint"), ("video", "--video")),
     "plot": (("run_dir", "RUN_DIR"), ("out", "--out")),
     "data": (("path", "PATH"), ("destination", "DST")),
 }
@@ -535,14 +554,31 @@ def main(argv: Sequence[str] | None = None) -> int:
             message = f"{exc}; resume with: {_resume_command(argv)}"
             line = final_line(message, fmt, event="preempted", level="warning")
         else:
-            line = final_line(str(exc), fmt)
+            # one line, however long or multi-line a message became (a value echoed whole)
+            line = final_line(one_line(exc, LONGEST_LINE), fmt)
         _last_word(line, code, getattr(exc, "origin_rank", None))
         _record_for_torchrun(exc)
         return code
     except KeyboardInterrupt:
         _last_word("slhub: interrupted", EXIT_INTERRUPTED)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return _reader_gone()
     return 0
+
+
+#: A shell's status for a process that a closed pipe stopped (128 + SIGPIPE).
+EXIT_BROKEN_PIPE = 141
+
+
+def _reader_gone() -> int:
+    """Whoever read stdout stopped (``slhub data info ... | head``): end quietly, as a
+    command stopped by SIGPIPE does. stdout is pointed at /dev/null so that the
+    interpreter's last flush at exit cannot fail again and print a traceback."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_BROKEN_PIPE
 
 
 def _last_word(line: str, code: int, origin_rank: int | None = None) -> None:

@@ -82,6 +82,25 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
     return (text[:space] if space > 0 else text[:room]) + CUT
 
 
+#: How many characters of a user's value a message echoes (:func:`shown`).
+SHOWN = 80
+
+
+def shown(value: Any, limit: int = SHOWN, *, quote: bool = False) -> str:
+    """``value`` as a message echoes it (a ``str`` as it is, anything else as ``str()``;
+    ``quote``: as ``repr()``): at most ``limit`` characters of it, a longer one cut to its
+    first characters and ``… (N characters)``, and any character that is not printable
+    (a newline) escaped, so a value of any size or content keeps its line one short line.
+    """
+    text = value if isinstance(value, str) else str(value)
+    head = text[:limit]
+    if not head.isprintable():
+        head = "".join(c if c.isprintable() else repr(c)[1:-1] for c in head)
+    if quote:
+        head = repr(head)
+    return head if len(text) <= limit else f"{head}… ({len(text)} characters)"
+
+
 def raised_by(exc: BaseException, hook: Any) -> str:
     """``plugin NAME``: the plugin whose implementation of ``hook`` (a pluggy hook caller)
     raised ``exc``, the innermost one on its traceback; ``a plugin`` when none can be told.

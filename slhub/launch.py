@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from slhub.errors import SlhubError, one_line
+from slhub.errors import SlhubError, one_line, shown
 
 #: The directory where workers of ``slhub launch`` leave their records.
 STATUS_ENV = "SLHUB_LAUNCH_STATUS"
@@ -205,6 +205,7 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
             "launch: --module, --no-python and --run-path choose the program torchrun "
             "runs; slhub launch always runs `slhub train`"
         )
+    _check_nproc(args.nproc_per_node)
     prefix = argv[: len(argv) - 1 - len(args.training_script_args)]
     if not any(w.startswith(("--signals-to-handle", "--signals_to_handle")) for w in prefix):
         if "PET_SIGNALS_TO_HANDLE" not in os.environ:
@@ -213,6 +214,29 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     args.training_script = "slhub"
     args.training_script_args = ["train", *args.training_script_args]
     return args, prefix
+
+
+#: The words ``--nproc-per-node`` takes besides a count (torchrun's device kinds).
+_NPROC_WORDS = ("auto", "cpu", "gpu", "xpu")
+
+
+def _check_nproc(value: Any) -> None:
+    """Refuse a ``--nproc-per-node`` (or ``PET_NPROC_PER_NODE``) below 1 by name: torchrun
+    would fail deep in its agent with a bare ``AssertionError``."""
+    text = str(value).strip()
+    try:
+        count = int(text)
+    except ValueError:
+        import torch
+
+        if text in _NPROC_WORDS or text == torch._C._get_privateuse1_backend_name():
+            return
+        raise SlhubError(
+            f"launch: --nproc-per-node must be a count >= 1 or one of {', '.join(_NPROC_WORDS)} "
+            f"(got {shown(text, quote=True)})"
+        ) from None
+    if count < 1:
+        raise SlhubError(f"launch: --nproc-per-node must be >= 1 (got {count})")
 
 
 def _run(args: argparse.Namespace, prefix: list[str], owns_process: bool) -> Outcome:

@@ -5,9 +5,11 @@ JSON lines carry everything on every event: ``run_id``, ``rank``,
 The console says the run's identity once, in the ``start`` event, and then keeps
 each line short: the time, the event, ``step`` and the event's own fields, with
 floats at 4 significant digits (the exact values are in metrics.jsonl), and
-within :data:`CONSOLE_WIDTH` columns: an info or warning event whose fields do not
-fit is split onto a few lines, each beginning with the event's time, level, name
-and ``step``, so that a terminal never wraps it and grep still finds every part.
+within the terminal's width (:func:`console_width`: ``COLUMNS``, else the width of the
+terminal stderr writes to, else :data:`CONSOLE_WIDTH` for a log file): an info or
+warning event whose fields do not fit is split, between fields, onto a few lines,
+each beginning with the event's time, level, name and ``step``, so that a terminal
+never wraps it and grep still finds every part.
 Rank 0 logs at INFO; other ranks log warnings and errors only (their console lines
 name the rank), so a torchrun console is not N copies.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import sys
 from collections.abc import Callable, MutableMapping
@@ -32,8 +35,11 @@ FORMATS = ("console", "json")
 
 #: Context every JSON event carries and the console prints only in ``start``.
 IDENTITY_KEYS = ("run_id", "world_size")
-#: The width console lines are kept within (one field longer than that is not cut).
+#: The width console lines are kept within when stderr is no terminal and ``COLUMNS`` is
+#: unset (one field longer than the width is not cut).
 CONSOLE_WIDTH = 100
+#: The narrowest width honoured: below it every field would get a line of its own.
+_NARROWEST = 40
 #: What every part of a split console line repeats.
 _HEAD_KEYS = ("timestamp", "level", "event", "step", "rank")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -187,8 +193,24 @@ def _compact(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping
     return event
 
 
+def console_width() -> int:
+    """The columns a console line may take: ``COLUMNS`` when set (as Python's
+    :func:`shutil.get_terminal_size` reads it), else the width of the terminal stderr
+    writes to, else :data:`CONSOLE_WIDTH`. A terminal that wrapped a line itself would
+    cut it anywhere, inside a number too."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return max(int(columns), _NARROWEST)
+    try:
+        columns_ = os.get_terminal_size(sys.stderr.fileno()).columns if sys.stderr.isatty() else 0
+    except (AttributeError, OSError, ValueError):  # no real file behind sys.stderr
+        columns_ = 0
+    # a terminal that reports no size (``script -qc``, some CI consoles): the log-file width
+    return max(columns_, _NARROWEST) if columns_ > 0 else CONSOLE_WIDTH
+
+
 class _Fitted:
-    """The console renderer, with an event too wide for :data:`CONSOLE_WIDTH` split onto
+    """The console renderer, with an event too wide for :func:`console_width` split onto
     the fewest lines that fit, its fields in order and spread evenly over them (NeRD's
     validation line of 7 metrics is 188 columns). Errors and events with a traceback
     stay one line: a failure's one line is a promise."""
@@ -198,8 +220,9 @@ class _Fitted:
 
     def __call__(self, logger: Any, name: str, event: MutableMapping[str, Any]) -> str:
         line = self._render(logger, name, dict(event))
+        width = console_width()
         if (
-            _width(line) <= CONSOLE_WIDTH
+            _width(line) <= width
             or event.get("level") not in ("info", "warning")
             or "exc_info" in event
             or "exception" in event
@@ -211,7 +234,7 @@ class _Fitted:
         widths = tuple(
             _width(self._render(logger, name, {**head, key: value})) - base for key, value in fields
         )
-        parts = _spread(widths, CONSOLE_WIDTH - base)
+        parts = _spread(widths, width - base)
         return "\n".join(
             self._render(logger, name, {**head, **dict(fields[start:end])}) for start, end in parts
         )

@@ -66,3 +66,26 @@ def path_errors(
     except (OSError, ValueError) as exc:
         suffix = f"; {hint}" if hint else ""
         raise error(f"{path}: {doing} ({reason(exc)}){suffix}") from None
+
+
+def real_path(path: str | os.PathLike[str]) -> Path:
+    """``path`` absolute, ``~`` expanded and every symlink resolved (as far as it exists):
+    the one form two paths are compared in."""
+    expanded = os.path.expanduser(os.fspath(path))
+    try:
+        return Path(expanded).resolve()
+    except (OSError, RuntimeError):  # a symlink loop: compare what can be told
+        return Path(os.path.abspath(expanded))
+
+
+def within(inner: str | os.PathLike[str], outer: str | os.PathLike[str]) -> bool:
+    """Whether ``inner`` is ``outer`` or lies inside it, compared as real paths."""
+    inner_path, outer_path = real_path(inner), real_path(outer)
+    return inner_path == outer_path or outer_path in inner_path.parents
+
+
+def user_cache_dir() -> Path:
+    """slhub's folder in the user's cache: ``$XDG_CACHE_HOME/slhub``, by default
+    ``~/.cache/slhub`` (statistics, dataset digests; never inside a dataset)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "slhub"

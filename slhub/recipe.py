@@ -35,7 +35,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from slhub.errors import RecipeError, one_line
+from slhub.errors import RecipeError, one_line, shown
 from slhub.paths import home_of, reason, user_path
 
 #: Trainer keys that may differ between a checkpoint's recipe and a resumed run's.
@@ -263,7 +263,9 @@ class Recipe:
             if key not in models:
                 owned = ", ".join(sorted(models)) or "none"
                 where = _origin(self.source, self.overrides, key)
-                raise RecipeError(f"{where}: {key}: unknown key (the run's plugins own: {owned})")
+                raise RecipeError(
+                    f"{where}: {shown(key)}: unknown key (the run's plugins own: {owned})"
+                )
         for name, model in models.items():
             raw = self.data.get(name, {})
             if raw is None:
@@ -357,7 +359,8 @@ def format_validation_error(
         loc = ".".join(str(p) for p in ((prefix,) if prefix else ()) + tuple(error["loc"]))
         render = _MESSAGES.get(error["type"])
         message = render(error.get("ctx", {})) if render else error["msg"]
-        parts.append((_origin(source, overrides or [], loc), f"{loc or '(top level)'}: {message}"))
+        text = f"{shown(loc) if loc else '(top level)'}: {message}"
+        parts.append((_origin(source, overrides or [], loc), text))
     line, last = "", None
     for origin, text in parts:
         line += f"; {text}" if origin == last else f"{'; ' if line else ''}{origin}: {text}"
@@ -366,11 +369,12 @@ def format_validation_error(
 
 
 def _origin(source: str, overrides: list[str], loc: str) -> str:
-    """``--set TEXT`` for the last override that set ``loc`` (or a section above it)."""
+    """``--set TEXT`` for the last override that set ``loc`` (or a section above it),
+    its text cut to a readable length (:func:`slhub.errors.shown`)."""
     for text in reversed(overrides):
         key = text.partition("=")[0].strip()
         if loc == key or loc.startswith(key + ".") or key.startswith(loc + "."):
-            return f"--set {text}"
+            return f"--set {shown(text)}"
     return source
 
 
@@ -381,17 +385,19 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     """Parse ``a.b=VALUE`` into a key path and a YAML scalar value."""
     key, sep, value = text.partition("=")
     if not sep or not key.strip() or any(not p for p in key.strip().split(".")):
-        raise RecipeError(f"--set {text!r}: expected KEY.PATH=VALUE")
+        raise RecipeError(f"--set {shown(text, quote=True)}: expected KEY.PATH=VALUE")
     try:
         # the recipe's own loader: merge keys, no repeated keys, aliases bounded
         parsed = yaml.load(value, Loader=_RecipeLoader) if value.strip() else ""  # noqa: S506
     except yaml.YAMLError as exc:
         problem = getattr(exc, "problem", None) or one_line(exc)
-        raise RecipeError(f"--set {_brief(text)!r}: value is not valid YAML ({problem})") from None
+        raise RecipeError(
+            f"--set {shown(text, quote=True)}: value is not valid YAML ({shown(problem)})"
+        ) from None
     except RecursionError:  # the YAML parser recurses once per level
-        raise RecipeError(f"--set {_brief(text)}: value is {_TOO_DEEP}") from None
+        raise RecipeError(f"--set {shown(text)}: value is {_TOO_DEEP}") from None
     except _AliasBomb as exc:
-        raise RecipeError(f"--set {_brief(text)}: {exc}") from None
+        raise RecipeError(f"--set {shown(text)}: {exc}") from None
     if isinstance(parsed, str) and _EXPONENT_FLOAT.fullmatch(parsed):
         parsed = float(parsed)  # YAML 1.1 reads 1e-3 as a string; here it means a number
     return key.strip().split("."), parsed
@@ -414,7 +420,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             if child is None:
                 child = {}
             if not isinstance(child, dict):
-                raise RecipeError(f"--set {text!r}: {part} is not a section")
+                raise RecipeError(f"--set {shown(text, quote=True)}: {part} is not a section")
             node[part] = child = dict(child)
             node = child
         node[path[-1]] = value
@@ -426,8 +432,8 @@ def _cannot_index(text: str, path: list[str], index: str, value: Any) -> str:
     key = ".".join(path)
     example = json.dumps([value] if index.isdigit() else [{index: value}], default=str)
     return (
-        f"--set {_brief(text)}: --set cannot index into a list ({key}); give the whole "
-        f"list as YAML, e.g. --set '{key}={example}'"
+        f"--set {shown(text)}: --set cannot index into a list ({key}); give the whole "
+        f"list as YAML, e.g. --set '{key}={shown(example)}'"
     )
 
 
@@ -581,11 +587,6 @@ def _too_big(size: int, more: bool = False) -> str:
 _TOO_DEEP = f"nested too deeply (more than {MAX_DEPTH} levels)"
 
 
-def _brief(text: str, limit: int = 60) -> str:
-    """``text``, cut to ``limit`` characters: a value's first characters name it well enough."""
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def too_deep(data: Any, limit: int = MAX_DEPTH) -> str | None:
     """The key path of a value nested more than ``limit`` levels, or None.
 
@@ -631,7 +632,7 @@ def recipe_from_dict(
     """
     deep = too_deep(data)
     if deep is not None:
-        origin = _brief(_origin(source, overrides or [], deep), 80)
+        origin = _origin(source, overrides or [], deep)
         raise RecipeError(f"{origin}: {deep}: {_TOO_DEEP}")
     data = dict(data)
     objects: dict[str, Any] = {}

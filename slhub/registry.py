@@ -31,7 +31,7 @@ import pluggy
 
 from slhub import hookspecs
 from slhub._version import __version__
-from slhub.errors import PluginError, one_line
+from slhub.errors import PluginError, one_line, shown
 
 GROUP = "slhub"
 
@@ -62,7 +62,7 @@ class PluginSource:
 
     def describe(self) -> str:
         dist = f"dist {self.dist} {self.version}" if self.dist else "no distribution"
-        return f'slhub plugin "{self.name}" ({dist})'
+        return f'slhub plugin "{shown(self.name)}" ({dist})'
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -344,7 +344,7 @@ def resolve(spec: str, role: str = MODEL, objects: dict[str, Any] | None = None)
             where = ""
             if isinstance(exc, ModuleNotFoundError) and exc.name == top:
                 where = (
-                    f" (run slhub from the folder that holds {top}, or put that folder on "
+                    f" (run slhub from the folder that holds {shown(top)}, or put that folder on "
                     "PYTHONPATH)"
                 )
             raise PluginError(
@@ -353,13 +353,15 @@ def resolve(spec: str, role: str = MODEL, objects: dict[str, Any] | None = None)
         obj: Any = module
         for part in filter(None, attr.split(".")):
             if not hasattr(obj, part):
-                raise PluginError(f"{source.describe()}: module {module_name} has no {part!r}")
+                raise PluginError(
+                    f"{source.describe()}: module {module_name} has no {shown(part, quote=True)}"
+                )
             obj = getattr(obj, part)
         return obj, replace(source, digest=_file_digest(module))
     eps = _entry_points()
     if spec not in eps:
         known = ", ".join(sorted(eps)) or "none installed"
-        raise PluginError(f'slhub plugin "{spec}" is not installed (installed: {known})')
+        raise PluginError(f'slhub plugin "{shown(spec)}" is not installed (installed: {known})')
     ep = eps[spec]
     source = _source_of_entry_point(ep, role)
     try:

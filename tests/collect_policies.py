@@ -41,3 +41,12 @@ def toy_simulator(env: str, *, max_steps: int | None = None):
     from slhub.sim import GymnasiumMujoco
 
     return GymnasiumMujoco(env, max_steps=max_steps)
+
+
+def boom(observation: np.ndarray, simulator) -> np.ndarray:
+    """A policy with a bug: raises from its fourth call in this process on (step 3 of
+    episode 0 of a collect in a fresh process)."""
+    boom.calls = getattr(boom, "calls", 0) + 1
+    if boom.calls > 3:
+        raise ValueError("policy bug at step 3")
+    return np.zeros(len(simulator.action_names))

@@ -368,7 +368,7 @@ def test_a_deeply_nested_recipe_is_one_line(capsys, tmp_path: Path, case: str):
     levels = 5000 if case == "set-unparsable" else 300
     line = _train_error(capsys, tmp_path, "--set", "model.hidden=" + "[" * levels + "]" * levels)
     assert line.startswith("slhub: error: --set model.hidden=[[[") and len(line) < 200
-    what = "value is" if case == "set-unparsable" else "...: model.hidden:"
+    what = "value is" if case == "set-unparsable" else "characters): model.hidden:"
     assert f"{what} nested too deeply (more than 100 levels)" in line
     assert not (tmp_path / "out").exists()
 

@@ -290,9 +290,13 @@ def test_a_policy_that_fails_midway_leaves_nothing(tmp_path: Path, monkeypatch):
         return np.zeros(1)
 
     monkeypatch.setattr(collect_policies, "fails", fails, raising=False)
-    with pytest.raises(RuntimeError, match="policy bug"):
+    with pytest.raises(
+        SimulatorError,
+        match="policy collect_policies:fails raised at episode 0 step 3: RuntimeError: policy bug",
+    ) as raised:
         collect(tmp_path / "data", PENDULUM, episodes=3, steps=20, actions="policy",
                 policy="collect_policies:fails", seed=0)  # fmt: skip
+    assert isinstance(raised.value.__cause__, RuntimeError)
     assert leftovers(tmp_path) == []
 
 

@@ -91,6 +91,39 @@ def test_a_terminal_of_no_size_gets_a_bar(tmp_path: Path):
     assert "] progress " not in screen  # the bar, not the lines, on a terminal
 
 
+@pytest.mark.parametrize("columns", [60, 80, 120])
+def test_events_wrap_at_the_terminals_width_between_fields(monkeypatch, columns: int):
+    """A terminal narrower than the log-file width: the console splits an event between
+    fields, so the terminal never wraps a line itself (inside a number)."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    master, slave = _pty(columns, 24)
+    terminal = os.fdopen(slave, "w", encoding="utf-8", errors="replace")
+    monkeypatch.setattr(sys, "stderr", terminal)
+    try:
+        log.configure("console")
+        assert log.console_width() == columns
+        log.get_logger().info("validation", step=2000, **NERD_VALIDATION)
+    finally:
+        monkeypatch.undo()
+        log.configure("console")
+        terminal.close()
+    lines = [line for line in re.split(r"[\r\n]", _drain(master)) if line.strip()]
+    assert all(len(line) <= columns for line in lines), lines
+    assert len(lines) >= 2  # the event is wider than every width here
+    values = dict(f.split("=") for line in lines for f in line.split()[4:])
+    assert values == {k: f"{v:.4g}" for k, v in NERD_VALIDATION.items()}  # every number whole
+
+
+def test_columns_sets_the_console_width(monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "80")
+    log.configure("console")
+    log.get_logger().info("validation", step=2000, **NERD_VALIDATION)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) >= 3 and all(len(line) <= 80 for line in lines), lines
+    monkeypatch.delenv("COLUMNS")
+    assert log.console_width() == log.CONSOLE_WIDTH  # captured stderr is no terminal
+
+
 class _Clock:
     """tqdm's clock, moved by the test: rates and ETAs as a real NeRD run has them."""
 

@@ -89,7 +89,8 @@ def test_anchors_stay_in_the_split_and_sampling_uses_only_the_generator(tmp_path
     assert 2 not in set(one["anchors"][:, 0])
 
 
-def test_statistics_are_the_training_episodes_and_cached_by_fingerprint(tmp_path):
+def test_statistics_are_the_training_episodes_and_cached_by_fingerprint(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     store = _store(tmp_path)
     data = _open(store, split={"validation": [0]})
     dataset = open_dataset(store)
@@ -106,12 +107,13 @@ def test_statistics_are_the_training_episodes_and_cached_by_fingerprint(tmp_path
     np.testing.assert_allclose(stats["mean"], rows.mean(0), rtol=1e-12)
     np.testing.assert_allclose(stats["std"], rows.std(0), rtol=1e-12)
     assert np.array_equal(stats["min"], rows.min(0)) and np.array_equal(stats["max"], rows.max(0))
-    cached = list((store / ".slhub" / "statistics").iterdir())
-    assert len(cached) == 1
+    cache = tmp_path / "xdg" / "slhub" / "statistics"
+    cached = list(cache.iterdir())
+    assert len(cached) == 1 and not (store / ".slhub").exists()  # never inside the dataset
     again = _open(store, split={"validation": [0]})
     for key in stats:
         assert np.array_equal(again.statistics["state"][key], stats[key])
-    assert len(list((store / ".slhub" / "statistics").iterdir())) == 1
+    assert len(list(cache.iterdir())) == 1
     other = _open(store, split={"validation": [1]})
     assert not np.array_equal(other.statistics["state"]["mean"], stats["mean"])
 

@@ -1,25 +1,31 @@
-"""Every command the docs print runs as written, in document order (issue 24, item 4).
+"""Every command the docs print runs as written, followed page after page as a reader
+meets the pages, with one model of the files they leave.
 
-The commands are read from README.md, docs/*.md, examples/**/README.md and
-plugins/*/README.md, in that order (``bash``/``sh``/``console`` blocks, ``$`` prompts
-in plain blocks, and table columns headed "command"), and from the ``examples:`` of
-every ``--help``. A handful run for real (``--version``, ``plugins``, ``data info``,
-checkpoints.md's 10-update training and its ``inspect`` against the page's sample);
-the rest are checked against slhub's own parser, recipe loader and plugin sections,
-and against a model of the files the earlier commands left: a fresh run needs a
-directory no other run wrote, a resume needs a checkpoint an earlier command of the
-same page (or README's main job) made, at the same world size, with a recipe that
-differs only in output_dir and steps, and updates left to train; an export or
-collect needs a new destination; every path a command writes is ignored by git.
+The commands are read (``bash``/``sh``/``console`` blocks, ``$`` prompts in plain
+blocks, and table columns headed "command") from README.md, then the docs/ pages in
+the order README first links them, the examples' READMEs in the order README first
+names their directories, and the plugins' READMEs in the order README first links
+them; and from the ``examples:`` of every ``--help``. A handful run for real
+(``--version``, ``plugins``, ``data info``, checkpoints.md's 10-update training and
+its ``inspect`` against the page's sample); the rest are checked against slhub's own
+parser, recipe loader and plugin sections, and against one model of the files every
+earlier command, on any page, left: a fresh run needs a directory no command wrote,
+a resume needs a checkpoint an earlier command of the same page (or README's main
+job) made, at the same world size, with a recipe that differs only in output_dir and
+steps, and updates left to train; an export, collect, convert or a script's ``--out``
+needs a destination no command wrote; every path a command writes is ignored by git.
 
 A command that does exactly what an earlier one did (same world size, recipe, resume
-and destination: a figure table's row, README's summary of a page's command) is the
-same run: not run again, and its page may read what it made. hooks.md's tutorial runs
-in the reader's own directory with the files the page has them write; those are
-written out and validated. GPU, SLURM, multi-node, install, test-suite and server
-commands, and patterns with placeholders (parsed only), are named in SKIPPED, so a
-new block is classified rather than silently passed over. Running them all for real
-takes many minutes: that is the slow test.
+and destination) is the same run: not run again, and its page may read what it made.
+On the same page it may be worded differently (a figure table's row); an earlier
+page's run must be repeated word for word (README's summary of a page's command, a
+page restating README's), since a reader who meets it in other words takes it for a
+new run and collides with the first. hooks.md's tutorial runs in the reader's own
+directory with the files the page has them write; those are written out and
+validated. GPU, SLURM, multi-node, install, test-suite and server commands, and
+patterns with placeholders (parsed only), are named in SKIPPED, so a new block is
+classified rather than silently passed over. Running them all for real, in the same
+order against the same model, takes tens of minutes: that is the docs_run test.
 """
 
 from __future__ import annotations
@@ -82,7 +88,7 @@ SKIPPED: dict[str, str] = {
     "docs/launch.md: slhub launch --nnodes=2 --nproc-per-node=1 --rdzv-backend=c…": MULTI_NODE,
     "docs/launch.md: SLURM script sl_ddp": SLURM,
     "docs/launch.md: OMP_NUM_THREADS=1 slhub launch --nnodes=2 --nproc-per-node=…": MULTI_NODE,
-    "docs/nerd.md: pip install -e '.[plot]'": INSTALL,
+    'docs/nerd.md: pip install -e ".[dev]"': INSTALL,
     "docs/nerd.md: python -m pytest tests/test_nerd_model.py tests/test_nerd_tra…": TESTS,
     "examples/sl_ddp/README.md: CUDA_VISIBLE_DEVICES=0,1 OMP_NUM_THREADS=1 torch…": GPU,
     "plugins/bc/README.md: pip install -e plugins/bc": INSTALL,
@@ -121,10 +127,27 @@ class Command:
 
 
 def documents() -> list[Path]:
-    """Every page whose commands a newcomer follows, in the order they read them."""
-    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-    pages += sorted((REPO / "examples").glob("**/README.md"))
-    return pages + sorted((REPO / "plugins").glob("*/README.md"))
+    """Every page whose commands a reader follows, in the order they meet them: README,
+    the docs/ pages in the order README first links them, the examples' READMEs in the
+    order README first names their directories, then the plugins' READMEs in the order
+    README first links them (a page README never names comes last in its group, by
+    name: test_readme_leads_to_every_page fails on it)."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+
+    def met(pages: list[Path], mention: str) -> list[Path]:
+        def first(page: Path) -> tuple[int, str]:
+            rel = page.relative_to(REPO).as_posix()
+            found = readme.find(mention.format(rel=rel, dir=rel.removesuffix("README.md")))
+            return (found if found >= 0 else len(readme), rel)
+
+        return sorted(pages, key=first)
+
+    return [
+        REPO / "README.md",
+        *met(list((REPO / "docs").glob("*.md")), "]({rel}"),
+        *met(list((REPO / "examples").glob("**/README.md")), "{dir}"),
+        *met(list((REPO / "plugins").glob("*/README.md")), "]({rel}"),
+    ]
 
 
 _COMMAND_START = re.compile(
@@ -366,12 +389,27 @@ class Files:
     scratch: Path = field(default_factory=Path)
     #: Every command seen, for restatements: what it does -> the paths it wrote.
     seen: dict[str, list[str]] = field(default_factory=dict)
+    #: What it does -> how each page that ran it worded it (page, line, words).
+    worded: dict[str, list[tuple[str, int, str]]] = field(default_factory=dict)
 
-    def restated(self, identity: str, doc: str) -> bool:
-        """The same command ran before (on this page or another): the reader has its
-        output, and this page may read it."""
+    def restated(self, identity: str, command: Command) -> bool:
+        """The same command ran before, on this page or, word for word, on an earlier
+        one: the reader has its output, and this page may read it. An earlier page's
+        run in other words is refused: a reader takes it for a new run into the
+        same paths."""
+        doc, words = command.doc, " ".join(command.text.split())
         if identity not in self.seen:
+            self.worded[identity] = [(doc, command.line, words)]
             return False
+        said = self.worded.setdefault(identity, [])
+        if said and not any(d == doc or w == words for d, _, w in said):
+            first, line, before = said[0]
+            raise Refused(
+                f"it writes {', '.join(self.seen[identity])} again, which {first}:{line} "
+                f"made with `{before}`: an earlier page's run is repeated word for word, "
+                "resumed, or given new paths"
+            )
+        said.append((doc, command.line, words))
         for path in self.seen[identity]:
             if path in self.runs:
                 self.runs[path].docs.add(doc)
@@ -520,7 +558,7 @@ def check_train(command: Command, call: Invocation, args: argparse.Namespace, fi
     recipe = _recipe(args.config, args.overrides)
     out = str(recipe.trainer.output_dir).rstrip("/")
     identity = json.dumps([call.world, recipe.to_dict(), args.resume, args.overwrite], default=str)
-    if files.restated(identity, command.doc):
+    if files.restated(identity, command):
         return "restates an earlier command"
     files.seen[identity] = [out]
     _writes(out)
@@ -581,15 +619,23 @@ def check(command: Command, call: Invocation, files: Files) -> str:
     """What the command does, checked; raises Refused when it would fail as written."""
     doc = command.doc
     if call.kind not in ("slhub", "torchrun", "launch"):
-        for word in call.words[1:]:
-            if word.startswith(("outputs/", "exports/", "datasets/")) and not files.produced(
-                word, doc
-            ):
+        words = call.words[1:]
+        out = words[words.index("--out") + 1] if "--out" in words[:-1] else None
+        for word in words:
+            if word == out or not word.startswith(("outputs/", "exports/", "datasets/")):
+                continue
+            if not files.produced(word, doc):
                 raise Refused(f"it reads {word}, which no earlier command of the page wrote")
         if call.kind == "python" and call.words[1].endswith(".py"):
             if not (REPO / call.words[1]).is_file():
                 raise Refused(f"{call.words[1]} is not a file of the repository")
-        return f"{call.kind} reads what earlier commands wrote"
+        if out is None:
+            return f"{call.kind} reads what earlier commands wrote"
+        identity = json.dumps(call.words)
+        if files.restated(identity, command):
+            return f"restates an earlier {call.kind} command"
+        _claim(out, doc, identity, files)
+        return f"{call.kind} writes {out}"
     if call.world < 1:
         raise Refused("the worker count is not a number")
     args = _parse(call.argv)
@@ -599,7 +645,7 @@ def check(command: Command, call: Invocation, files: Files) -> str:
             return check_refusal(command, args, files)
         return check_train(command, call, args, files)
     identity = json.dumps(vars(args), default=str, sort_keys=True)
-    if files.restated(identity, doc):
+    if files.restated(identity, command):
         return f"restates an earlier slhub {name}"
     if name in ("inspect", "eval", "export"):
         source = args.checkpoint
@@ -614,18 +660,22 @@ def check(command: Command, call: Invocation, files: Files) -> str:
     if name == "data" and args.data_command in ("convert", "collect"):
         destination = args.destination
     if destination is not None:
-        destination = destination.rstrip("/")
-        _writes(destination)
-        taken = destination in files.written or destination in files.runs
-        if taken and not files.alternatives:
-            owner = files.written.get(destination) or files.runs[destination].docs
-            raise Refused(
-                f"{destination} already holds the output of {', '.join(sorted(owner))} "
-                "(it must be new)"
-            )
-        files.written[destination] = {doc}
-        files.seen[identity] = [destination]
+        _claim(destination, doc, identity, files)
     return f"slhub {name}"
+
+
+def _claim(destination: str, doc: str, identity: str, files: Files) -> None:
+    """An export's, dataset's or figure's destination: ignored by git, and new."""
+    destination = destination.rstrip("/")
+    _writes(destination)
+    taken = destination in files.written or destination in files.runs
+    if taken and not files.alternatives:
+        owner = files.written.get(destination) or files.runs[destination].docs
+        raise Refused(
+            f"{destination} already holds the output of {', '.join(sorted(owner))} (it must be new)"
+        )
+    files.written[destination] = {doc}
+    files.seen[identity] = [destination]
 
 
 def check_refusal(command: Command, args: argparse.Namespace, files: Files) -> str:
@@ -754,6 +804,7 @@ def test_the_checker_refuses_what_the_newcomer_hit(tmp_path: Path):
     cpu = "train --config examples/sl_ddp/cpu.yaml"
     one = "python -m slhub train --config examples/sl_ddp/cpu.yaml"
     ckpt = "--resume outputs/sl_ddp_cpu"
+    plot = "python scripts/plot_nerd_rollout.py"
     page = [
         Command("README.md", 1, f"{main} {cpu}"),
         Command("x.md", 2, f"{one} --set 'plugins=[\"tensorboard\"]'"),
@@ -763,15 +814,29 @@ def test_the_checker_refuses_what_the_newcomer_hit(tmp_path: Path):
         Command("x.md", 6, "slhub inspect outputs/other/last.pt"),
         Command("x.md", 7, f"{one} --set optim.lr=3e-4 --set trainer.output_dir=outputs/o"),
         Command("x.md", 8, f"{one} {ckpt}/step_100.pt --set trainer.output_dir=outputs/w1"),
+        Command("x.md", 9, f"slhub launch --standalone --nproc-per-node=2 {cpu}"),
+        Command("x.md", 10, f"{plot} --checkpoint outputs/sl_ddp_cpu/last.pt --out docs/x.png"),
     ]
     _, done, _ = follow([page], tmp_path)
     assert done[0] == "README.md:1: trains", done
     expected = [
         "already holds run artifacts", "resumes in place", "nothing to train",
         "git does not ignore", "no earlier command", "unknown key", "world size 2",
+        "repeated word for word", "git does not ignore",
     ]  # fmt: skip
     for line, words in zip(done[1:], expected, strict=True):
         assert words in line, (line, words)
+
+
+def test_readme_leads_to_every_page():
+    """A reader meets every page through README: it links each docs/ page and plugin
+    README and names each example's directory (documents() orders them so)."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    pages = [p.relative_to(REPO).as_posix() for p in documents()]
+    assert pages[0] == "README.md" and len(pages) == len(set(pages)), pages
+    for page in pages[1:]:
+        mention = page.removesuffix("README.md") if page.startswith("examples/") else f"]({page}"
+        assert mention in readme, f"README.md never leads to {page}"
 
 
 def test_extraction_reads_blocks_prompts_and_command_columns(tmp_path):
@@ -909,9 +974,11 @@ def test_help_runs_for_every_command():
 
 @pytest.mark.docs_run
 def test_every_doc_command_runs_for_real_on_a_fresh_copy(tmp_path: Path):
-    """The commands the fast test checks, run in order by bash in a copy of the tracked
-    files (tens of minutes: every example trains and the MuJoCo ones collect first), so
-    neither README's test command nor ``-m slow`` runs it: ``python -m pytest -m docs_run``."""
+    """The commands the fast test checks, run by bash in a copy of the tracked files, in
+    the same page order (documents()) and against the same one model of files (check()),
+    so a run an earlier page made is never run again (tens of minutes: every example
+    trains and the MuJoCo ones collect first), so neither README's test command nor
+    ``-m slow`` runs it: ``python -m pytest -m docs_run``."""
     tracked = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
         cwd=REPO, capture_output=True, text=True, check=True,
@@ -933,8 +1000,8 @@ def test_every_doc_command_runs_for_real_on_a_fresh_copy(tmp_path: Path):
                 what = check(command, call, files)
             except Refused as exc:
                 pytest.fail(f"{command.key}: {exc}")
-            if "restates" in what or "already complete" in what:
-                continue  # the reader has that run already
+            if "restates" in what:
+                continue  # the reader has that run already (``--resume auto`` on it runs: exit 0)
             if "tutorial" in what:
                 continue  # its paths are the reader's own (hooks.md writes under /tmp)
             done = subprocess.run(

@@ -14,7 +14,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from helpers import REPO, cli_error, load, metrics_of, subprocess_env, write_recipe
+from helpers import (
+    REPO,
+    cli_error,
+    load,
+    metrics_of,
+    run_torchrun,
+    subprocess_env,
+    write_recipe,
+)
 from slhub import launch
 from slhub.preemption import EXIT_PREEMPTED
 
@@ -69,6 +77,23 @@ def test_bad_recipe_exits_2_with_one_line(tmp_path: Path):
     assert code == 2, lines
     assert len(lines) == 1, lines  # two workers refused it; the user reads it once
     assert lines[0].startswith("slhub: error: ") and "trainer.bogus: unknown key" in lines[0]
+
+
+def test_plain_torchrun_shows_slhubs_line_first_as_readme_says(tmp_path: Path):
+    """README: under plain torchrun a bad input prints slhub's line first (once per
+    worker), then torchrun's own failure report, and torchrun exits 1."""
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert "prints slhub's one line first, once per worker; torchrun then adds" in readme
+    assert "and exits 1" in readme
+    recipe = _recipe(tmp_path, "bad", trainer__bogus=1)
+    proc = run_torchrun("train", "--config", str(recipe), timeout=120)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    ours = [line for line in lines if line.startswith("slhub:")]
+    assert lines[: len(ours)] == ours and len(ours) == 2, proc.stderr[-3000:]
+    assert all("trainer.bogus: unknown key" in line for line in ours)
+    assert "ChildFailedError" in proc.stderr  # torchrun's report, after slhub's lines
+    assert not (tmp_path / "bad").exists()
 
 
 def test_sigterm_to_the_launcher_checkpoints_exits_75_and_the_same_command_resumes(

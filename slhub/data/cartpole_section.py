@@ -5,6 +5,9 @@ NeRD and RWM read any dataset through :class:`slhub.data.DataSection`; without a
 (``cache_dir``, ``max_force``, ``train``, ``val``), their checks and the step from
 them to a dataset in slhub's store are the same for both, so they live here once;
 each plugin subclasses :class:`CartpoleDataSection` to set its own defaults.
+``cache_dir`` is also where the statistics of any dataset go when the recipe sets it
+(:meth:`slhub.data.DataSection.cache_root`): with a ``path`` and no ``cache_dir``
+they go to the user's cache, never into the dataset.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from slhub.data.cartpole import cartpole_store
 from slhub.data.source import DataSection
 
-#: The generator's keys, which a recipe with ``data.path`` does not use.
-GENERATOR_KEYS = ("cache_dir", "max_force", "train", "val")
+#: The generator's keys, which a recipe with ``data.path`` does not use (``cache_dir``
+#: serves a dataset path too: its statistics go there).
+GENERATOR_KEYS = ("max_force", "train", "val")
 
 
 class GeneratedSplit(BaseModel):
@@ -34,7 +38,7 @@ class GeneratedSplit(BaseModel):
 class CartpoleDataSection(DataSection):
     """``data``: a dataset on disk (``path`` ...), or the cart-pole generator's episodes,
     made once into slhub's store under ``cache_dir`` (split names ``train`` and
-    ``validation``)."""
+    ``validation``), with their statistics beside them in ``cache_dir``."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -79,8 +83,10 @@ class CartpoleDataSection(DataSection):
 
     def resolved(self) -> DataSection:
         """This section as :class:`TrainingData.open` takes it: the dataset path, or the
-        generator's store with its own split when there is none."""
+        generator's store with its own split when there is none (and its statistics
+        cached in ``cache_dir`` beside the store, default or not)."""
         if self.path is not None:
             return self
         split = self.split.model_copy(update={"train": "train", "validation": "validation"})
-        return self.model_copy(update={"path": str(self.store()), "split": split})
+        update = {"path": str(self.store()), "split": split, "cache_dir": self.cache_dir}
+        return self.model_copy(update=update)

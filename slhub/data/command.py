@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from slhub.data.episodes import EpisodeDataset, open_dataset
+from slhub.data.episodes import EpisodeDataset, open_dataset, refuse_short_episodes
 from slhub.data.statistics import feature_statistics
 from slhub.data.store import write_store
 from slhub.errors import DatasetError
@@ -63,12 +63,7 @@ def check(path: str | Path, format: str = "auto", min_length: int = 1) -> str:  
     with open_dataset(path, format) as dataset:
         if dataset.num_episodes == 0:
             raise DatasetError(f"{dataset.path}: holds no episodes")
-        for episode, length in enumerate(dataset.lengths):
-            if int(length) < max(1, min_length):
-                raise DatasetError(
-                    f"{dataset.path}: episode {episode} has {int(length)} steps, fewer than "
-                    f"{max(1, min_length)}"
-                )
+        refuse_short_episodes(dataset, min_length)
         for name in dataset.features:
             _check_feature(dataset, name)
     return (
@@ -106,14 +101,24 @@ def convert(
     format: str = "auto",  # noqa: A002
     progress: bool = True,
     to: str = "slhub",
+    fps: float | None = None,
 ) -> str:
     """Copy a dataset of any readable format into a new directory ``destination``,
     written atomically, with a progress bar on a terminal: slhub's store, or with
     ``to="lerobot"`` a LeRobot v3.0 dataset with video
-    (:func:`slhub.data.writers.lerobot.write_lerobot`)."""
+    (:func:`slhub.data.writers.lerobot.write_lerobot`), each step keeping its task.
+
+    ``fps`` (``--fps``) is the control rate for a source that records none (robomimic,
+    zarr, Minari, NeRD); where the source records one, it must agree. LeRobot needs an
+    fps, so ``to="lerobot"`` refuses a source without one unless ``fps`` is given; the
+    store records it in ``meta.json`` (None where neither has one). Every refusal is
+    one line, before anything is written."""
     if to not in WRITERS:
         raise DatasetError(f"--to {to!r}: choose one of {', '.join(WRITERS)}")
     with open_dataset(source, format) as dataset:
+        from slhub.data.writers.lerobot import control_rate
+
+        rate = control_rate(dataset, fps, "--fps", required=to == "lerobot")
         bar = _bar(dataset.num_steps) if progress and sys.stderr.isatty() else None
         done = [0]
 
@@ -126,9 +131,9 @@ def convert(
             if to == "lerobot":
                 from slhub.data.writers.lerobot import write_lerobot
 
-                out = write_lerobot(dataset, destination, progress=advance)
+                out = write_lerobot(dataset, destination, fps=rate, progress=advance)
             else:
-                out = write_store(dataset, destination, progress=advance)
+                out = write_store(dataset, destination, progress=advance, fps=rate)
         finally:
             if bar is not None:
                 bar.close()

@@ -102,6 +102,12 @@ class EpisodeDataset(ABC):
     def close(self) -> None:  # noqa: B027 - optional: readers holding files override it
         """Release open files."""
 
+    def episode_tasks(self, episode: int) -> np.ndarray | None:
+        """The task (a language instruction) of every step of ``episode``: a string array
+        of its length, or None where the format records no task (the default). LeRobot
+        datasets and slhub stores made from them record one."""
+        return None
+
     # ------------------------------------------------------------ derived
 
     @property
@@ -210,6 +216,9 @@ def open_dataset(path: str | Path, format: str = AUTO) -> EpisodeDataset:  # noq
     if format == AUTO:
         matches = [name for name, reader in sorted(known.items()) if _detects(reader, path)]
         if not matches:
+            from slhub.data.readers.robomimic import refuse_damaged_hdf5
+
+            refuse_damaged_hdf5(path)  # named as damaged, not as of an unknown format
             raise DatasetError(
                 f"{path}: cannot tell the dataset format (readers: {', '.join(sorted(known))}); "
                 "name it with format: <reader>"
@@ -238,6 +247,20 @@ def open_dataset(path: str | Path, format: str = AUTO) -> EpisodeDataset:  # noq
         raise DatasetError(
             f"{path}: not a readable {format} dataset ({one_line(exc, limit=200)})"
         ) from None
+
+
+def refuse_short_episodes(dataset: EpisodeDataset, min_length: int = 1) -> None:
+    """One line for the first episode shorter than ``min_length`` steps (at least 1: an
+    empty episode is never data), counting the others; what ``slhub data check`` and
+    training both refuse."""
+    least = max(1, int(min_length))
+    short = np.flatnonzero(np.asarray(dataset.lengths) < least)
+    if short.size:
+        episode = int(short[0])
+        length = int(dataset.lengths[episode])
+        what = "is empty (0 steps)" if length == 0 else f"has {length} steps, fewer than {least}"
+        more = f" (and {short.size - 1} more episodes)" if short.size > 1 else ""
+        raise DatasetError(f"{dataset.path}: episode {episode} {what}{more}")
 
 
 def missing_library(reader: type[EpisodeDataset], exc: ImportError) -> str:

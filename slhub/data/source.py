@@ -12,6 +12,7 @@ once:
       split: {validation_ratio: 0.1, seed: 0}   # or train/validation: [episodes] or a split name
       window: {pad: false, sample: step}        # episode edges and how anchors are drawn
       features: {state: [qpos, qvel], action: [action]}   # role -> dataset features
+      cache_dir: ~/.cache/slhub          # statistics and derived arrays (never in the dataset)
 
 A *role* is what a plugin needs under one name (NeRD's ``state`` and ``action``,
 BC's ``observation``, ``image`` and ``action``); the recipe says which dataset
@@ -19,8 +20,9 @@ features fill it, concatenated on their last axis (vectors and scalars), or one
 image feature. The plugin says which offsets each role takes around an anchor
 (its history and forecast lengths). :class:`TrainingData` opens the dataset,
 splits it by episode, records its identity in the run (resume refuses a changed
-dataset), computes the training split's statistics once (cached by fingerprint)
-and reads windows of roles: float64 vectors ``[B, K, D]`` or uint8 images
+dataset), computes the training split's statistics once (cached by fingerprint in
+``data.cache_dir`` or the user's cache, never inside the dataset: a run never writes
+into a dataset) and reads windows of roles: float64 vectors ``[B, K, D]`` or uint8 images
 ``[B, K, H, W, C]``, with ``<role>_is_pad`` masks when padding.
 """
 
@@ -39,12 +41,13 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from slhub.data.cache import cached_arrays
-from slhub.data.episodes import AUTO, EpisodeDataset, open_dataset
+from slhub.data.episodes import AUTO, EpisodeDataset, open_dataset, refuse_short_episodes
 from slhub.data.identity import Split, fingerprint, split_episodes
 from slhub.data.statistics import feature_statistics
 from slhub.data.stream import WindowStream
 from slhub.data.windows import PAD_SUFFIX, Window, sample_anchors
-from slhub.errors import DatasetError, RecipeError
+from slhub.errors import ArtifactError, DatasetError, RecipeError
+from slhub.paths import real_path, user_cache_dir, within
 
 #: Statistics kept per role (float64 arrays over the role's components).
 STATISTICS = ("mean", "std", "min", "max")
@@ -101,12 +104,28 @@ class DataSection(BaseModel):
     window: WindowSection = WindowSection()
     decode: DecodeSection = DecodeSection()
     features: dict[str, list[str]] = Field(default_factory=dict)
+    cache_dir: str | None = Field(
+        default=None,
+        min_length=1,
+        description="where statistics and other arrays derived from the dataset are "
+        "cached (keyed by its fingerprint), never inside the dataset; default: "
+        "$XDG_CACHE_HOME/slhub (~/.cache/slhub)",
+    )
 
-    @field_validator("path")
+    @field_validator("path", "cache_dir")
     @classmethod
-    def _home(cls, value: str | None) -> str | None:
+    def _expand_home(cls, value: str | None) -> str | None:
         """``~`` is the user's home, as in a shell, never a directory named ``~``."""
         return None if value is None else os.path.expanduser(value)
+
+    def cache_root(self) -> Path:
+        """The folder slhub caches what it derives from this dataset in: ``cache_dir``
+        when the recipe sets it (a plugin's default for a generator of its own, which
+        puts it in the fields set, counts too), else the user's cache
+        (:func:`user_cache_dir`). Never the dataset: a run does not write into it."""
+        if self.cache_dir is not None and "cache_dir" in self.model_fields_set:
+            return Path(self.cache_dir)
+        return user_cache_dir()
 
     @field_validator("features", mode="before")
     @classmethod
@@ -161,6 +180,8 @@ class TrainingData:
     window: WindowSection = field(default_factory=WindowSection)
     identity: dict[str, Any] = field(default_factory=dict)
     decode: DecodeSection = field(default_factory=DecodeSection)
+    #: Where :meth:`cached` keeps its arrays (``data.cache_dir``; None: the user's cache).
+    cache_dir: Path | None = None
     _anchors: dict[tuple[Any, ...], np.ndarray] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -177,7 +198,9 @@ class TrainingData:
         :raises RecipeError: no path, a role the plugin does not read, a required role
             left empty.
         :raises DatasetError: a missing or unreadable dataset, a feature it lacks (listing
-            what it has), a wrong shape or dtype, a non-finite value, an empty split.
+            what it has), a wrong shape or dtype, a non-finite value, an empty split or
+            episode.
+        :raises RecipeError: ``data.cache_dir`` inside the dataset (or the dataset itself).
         """
         if section.path is None:
             raise RecipeError("data.path: name the dataset to train on")
@@ -186,9 +209,21 @@ class TrainingData:
             raise RecipeError(
                 f"data.features: unknown role {unknown[0]!r} (this model reads: {', '.join(roles)})"
             )
+        cache_dir = section.cache_root()
+        if Path(section.path).exists() and within(cache_dir, section.path):
+            raise RecipeError(
+                f"data.cache_dir {real_path(cache_dir)} is inside the dataset "
+                f"{real_path(section.path)}: a run never writes into a dataset; choose a "
+                "cache directory outside it"
+            )
         dataset = open_dataset(section.path, section.format)
-        if dataset.num_episodes == 0:
-            raise DatasetError(f"{dataset.path}: the dataset holds no episodes")
+        try:
+            if dataset.num_episodes == 0:
+                raise DatasetError(f"{dataset.path}: the dataset holds no episodes")
+            refuse_short_episodes(dataset)  # an empty episode, as `slhub data check` says
+        except DatasetError:
+            dataset.close()
+            raise
         layouts = {}
         for name, role in roles.items():
             chosen = tuple(section.features.get(name, role.default))
@@ -206,10 +241,19 @@ class TrainingData:
             validation=split_cfg.validation,
         )
         identity = fingerprint(dataset)
-        statistics = _cached_statistics(dataset, identity, split, layouts)
+        statistics = _cached_statistics(dataset, identity, split, layouts, cache_dir)
         if trainer is not None:
             trainer.record_dataset(record_as, dataset, split)
-        return cls(dataset, split, layouts, statistics, section.window, identity, section.decode)
+        return cls(
+            dataset,
+            split,
+            layouts,
+            statistics,
+            section.window,
+            identity,
+            section.decode,
+            cache_dir,
+        )
 
     def cached(
         self,
@@ -219,7 +263,7 @@ class TrainingData:
         make: Callable[[], Mapping[str, np.ndarray]],
     ) -> dict[str, np.ndarray]:
         """Arrays a plugin derives from this data (NeRD's state-change statistics), made
-        once by ``make()`` and cached beside the statistics, keyed by the dataset's
+        once by ``make()`` and cached with the statistics, keyed by the dataset's
         fingerprint, the split and ``params``: every rank and later run reads the same
         arrays, bit for bit, without reading the dataset again."""
         meta = {
@@ -230,7 +274,7 @@ class TrainingData:
             "params": dict(params),
         }
         key = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:32]
-        arrays = cached_arrays(_statistics_dir(self.dataset) / key, meta, names, make)
+        arrays = cached_arrays(_statistics_dir(self.cache_dir) / key, meta, names, make)
         return {k: np.array(v) for k, v in arrays.items()}
 
     def change_statistics(self, role: str, angles: Sequence[int] = ()) -> dict[str, np.ndarray]:
@@ -430,11 +474,13 @@ def _cached_statistics(
     identity: Mapping[str, Any],
     split: Split,
     layouts: Mapping[str, RoleLayout],
+    cache_dir: Path | None = None,
 ) -> dict[str, dict[str, np.ndarray]]:
     """Per-role mean/std/min/max over the training episodes, computed once (float64,
-    one streaming pass) and cached by the dataset's fingerprint, the episodes and the
-    features, so every rank and every later run reads the same arrays bit for bit. The
-    validation episodes are checked for non-finite values in the same pass."""
+    one streaming pass) and cached in ``cache_dir`` (never in the dataset) by the
+    dataset's fingerprint, the episodes and the features, so every rank and every later
+    run reads the same arrays bit for bit (each file written atomically, the parameters
+    last). The validation episodes are checked for non-finite values in the same pass."""
     features = sorted({name for layout in layouts.values() for name in layout.features})
     meta = {
         "fingerprint": dict(identity),
@@ -452,7 +498,8 @@ def _cached_statistics(
         stats = feature_statistics(dataset, features, split.train)
         return {file: np.asarray(stats[f][s], dtype=np.float64) for (f, s), file in file_of.items()}
 
-    arrays = cached_arrays(_statistics_dir(dataset) / key, meta, list(file_of.values()), compute)
+    folder = _statistics_dir(cache_dir) / key
+    arrays = cached_arrays(folder, meta, list(file_of.values()), compute)
     out: dict[str, dict[str, np.ndarray]] = {}
     for role, layout in layouts.items():
         per_stat = {}
@@ -463,11 +510,36 @@ def _cached_statistics(
     return out
 
 
-def _statistics_dir(dataset: EpisodeDataset) -> Path:
-    """Beside the dataset when its directory is writable (a hidden folder, which the
-    content digest skips), else the user's cache."""
-    root = Path(dataset.path)
-    if root.is_dir() and os.access(root, os.W_OK):
-        return root / ".slhub" / "statistics"
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "slhub" / "statistics"
+def _statistics_dir(cache_dir: Path | None) -> Path:
+    """``<cache_dir>/statistics``: ``data.cache_dir``'s, or the user's cache
+    (``$XDG_CACHE_HOME/slhub``), never a folder inside the dataset."""
+    return (user_cache_dir() if cache_dir is None else Path(cache_dir)) / "statistics"
+
+
+def check_output_dir(output_dir: str | os.PathLike[str], sections: Mapping[str, Any]) -> None:
+    """Refuse, in one line, an output directory through which a run would write into a
+    dataset it reads: the ``path`` of every recipe section of the one ``data`` shape
+    (:class:`DataSection`). Refused: the dataset itself, a folder inside it, and a folder
+    that contains a dataset directory (a file dataset may sit in the output directory).
+    Paths are compared with every symlink resolved. Called at admission, before the run
+    directory is created or anything is written.
+
+    :raises ArtifactError: naming ``trainer.output_dir`` and the dataset, both resolved.
+    """
+    out = real_path(output_dir)
+    for name, section in sections.items():
+        if not isinstance(section, DataSection) or section.path is None:
+            continue
+        data = real_path(section.path)
+        if out == data:
+            how = "is the dataset"
+        elif data in out.parents:
+            how = "is inside the dataset"
+        elif out in data.parents and not data.is_file():
+            how = "contains the dataset"
+        else:
+            continue
+        raise ArtifactError(
+            f"trainer.output_dir {out} {how} {name}.path {data}: a run never writes into a "
+            "dataset; choose an output directory outside it"
+        )

@@ -3,9 +3,11 @@
 Layout of a store directory::
 
     meta.json          {"format": "slhub.dataset/1", "fps", "features": {name: {file,
-                        shape, dtype, names}}, "splits", "source"}
+                        shape, dtype, names}}, "splits", "source", and "tasks" (the task
+                        strings) where the source records tasks}
     episode_ends.npy   int64, the exclusive end step of each episode
     f000.npy, ...      one array per feature, (total steps, *shape), the episodes in order
+    tasks.npy          int64, each step's index into "tasks" (only with "tasks")
 
 It is what ``slhub data convert`` writes from any readable format. Arrays are
 memory-mapped, so every rank of a node shares one copy through the page cache and
@@ -33,6 +35,7 @@ from slhub.errors import DatasetError
 FORMAT = "slhub.dataset/1"
 META = "meta.json"
 ENDS = "episode_ends.npy"
+TASKS = "tasks.npy"
 
 
 class StoreDataset(EpisodeDataset):
@@ -73,7 +76,29 @@ class StoreDataset(EpisodeDataset):
         dataset._starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
         dataset._arrays = {}
         dataset.source = meta.get("source")
+        dataset._tasks = meta.get("tasks")
+        dataset._task_rows = None
         return dataset
+
+    def episode_tasks(self, episode: int) -> np.ndarray | None:
+        """Each step's task string, where the store records tasks (:data:`TASKS`)."""
+        if not getattr(self, "_tasks", None):
+            return None
+        if self._task_rows is None:
+            path = self.path / TASKS
+            try:
+                index = np.load(path, mmap_mode="r")
+            except (OSError, ValueError) as exc:
+                raise DatasetError(f"{path}: damaged task file ({exc})") from None
+            fits = index.shape == (self.num_steps,) and index.dtype.kind in "iu"
+            if not fits or (index.size and not 0 <= index.min() <= index.max() < len(self._tasks)):
+                raise DatasetError(
+                    f"{path}: not one index into {META}'s {len(self._tasks)} tasks per step"
+                )
+            self._task_rows = index
+        base, length = int(self._starts[episode]), int(self.lengths[episode])
+        rows = self._task_rows[base : base + length]
+        return np.asarray(self._tasks, dtype=object)[np.asarray(rows, dtype=np.int64)]
 
     def _array(self, feature: str) -> np.ndarray:
         array = self._arrays.get(feature)
@@ -104,6 +129,7 @@ class StoreDataset(EpisodeDataset):
 
     def close(self) -> None:
         self._arrays = {}
+        self._task_rows = None
 
 
 def write_store(
@@ -112,10 +138,13 @@ def write_store(
     *,
     progress: Callable[[int], None] | None = None,
     provenance: Mapping[str, Any] | None = None,
+    fps: float | None = None,
 ) -> Path:
-    """Copy every episode of ``source`` into a new store at ``destination``, atomically.
+    """Copy every episode of ``source`` into a new store at ``destination``, atomically,
+    with each step's task where the source records tasks.
 
     :param progress: called with the number of steps written after each episode.
+    :param fps: the control rate ``meta.json`` records (default: the source's).
     :param provenance: what ``meta.json``'s ``source`` records (JSON values); default
         the source's format and path. A generator (``slhub data collect``) records how
         it made the data there.
@@ -132,7 +161,7 @@ def write_store(
     shutil.rmtree(building, ignore_errors=True)
     building.mkdir()
     try:
-        _fill(source, building, progress, provenance)
+        _fill(source, building, progress, provenance, source.fps if fps is None else fps)
         try:
             os.replace(building, destination)
         except OSError:
@@ -152,6 +181,7 @@ def _fill(
     folder: Path,
     progress: Callable[[int], None] | None,
     provenance: Mapping[str, Any] | None,
+    fps: float | None,
 ) -> None:
     ends = np.cumsum(source.lengths).astype(np.int64)
     total = int(ends[-1])
@@ -181,9 +211,13 @@ def _fill(
         _fsync(folder / files[name])
     np.save(folder / ENDS, ends)
     _fsync(folder / ENDS)
+    tasks = _task_indices(source)
+    if tasks is not None:
+        np.save(folder / TASKS, tasks[1])
+        _fsync(folder / TASKS)
     meta: dict[str, Any] = {
         "format": FORMAT,
-        "fps": source.fps,
+        "fps": fps,
         "features": {
             name: {**source.features[name].to_dict(), "file": files[name]} for name in names
         },
@@ -192,8 +226,23 @@ def _fill(
         if provenance is not None
         else {"format": source.format, "path": str(source.path)},
     }
+    if tasks is not None:
+        meta["tasks"] = tasks[0]
     (folder / META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     _fsync(folder / META)
+
+
+def _task_indices(source: EpisodeDataset) -> tuple[list[str], np.ndarray] | None:
+    """The source's task strings (in order of first appearance) and each step's index
+    into them, or None unless every episode records its tasks."""
+    table: dict[str, int] = {}
+    parts = []
+    for episode in range(source.num_episodes):
+        steps = source.episode_tasks(episode)
+        if steps is None:
+            return None
+        parts.append(np.asarray([table.setdefault(str(t), len(table)) for t in steps], np.int64))
+    return list(table), np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
 def _fsync(path: Path) -> None:

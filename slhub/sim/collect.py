@@ -45,8 +45,8 @@ from typing import Any
 import numpy as np
 
 from slhub.data import ArrayEpisodes, write_store
-from slhub.errors import DatasetError, SimulatorError
-from slhub.sim.actions import KNOT_EVERY, ActionSource, make_source
+from slhub.errors import DatasetError, SimulatorError, SlhubError, one_line
+from slhub.sim.actions import KNOT_EVERY, ActionSource, Policy, make_source
 from slhub.sim.render import FOLLOW
 from slhub.sim.simulator import Simulator, open_simulator
 
@@ -95,7 +95,8 @@ def collect(
         a learned simulator needs the falls too; ``terminated`` still marks those steps
         and only the time limit ends an episode.
     :raises DatasetError: ``destination`` exists.
-    :raises SimulatorError: an unknown env, a missing library, a bad argument or policy.
+    :raises SimulatorError: an unknown env, a missing library, a bad argument or policy,
+        or a policy that raises (named with the episode and step; nothing is written).
     """
     destination = Path(destination)
     for name, value, low in (("--episodes", episodes, 1), ("--steps", steps, 1)):
@@ -154,12 +155,12 @@ def _roll_out(
     bar = _bar(episodes) if progress and sys.stderr.isatty() else None
     out = []
     try:
-        for child in np.random.SeedSequence(seed).spawn(episodes):
+        for episode, child in enumerate(np.random.SeedSequence(seed).spawn(episodes)):
             reset_seed, action_seed = child.spawn(2)
             observation = simulator.reset(int(reset_seed.generate_state(1)[0]))
             source.begin(np.random.default_rng(action_seed), steps)
             rows: dict[str, list[Any]] = {}
-            for _ in range(steps):
+            for index in range(steps):
                 record = {
                     "observation": np.array(observation),
                     "qpos": simulator.qpos,
@@ -171,7 +172,15 @@ def _roll_out(
                     record["contact"] = contact
                 if render:
                     record["image"] = simulator.render(camera, size)
-                action, clean = source(observation, simulator)
+                try:
+                    action, clean = source(observation, simulator)
+                except Exception as exc:
+                    if isinstance(exc, SlhubError) or not isinstance(source, Policy):
+                        raise
+                    raise SimulatorError(
+                        f"policy {source.spec} raised at episode {episode} step {index}: "
+                        f"{one_line(exc, 160)}"
+                    ) from exc
                 step = simulator.step(action)
                 record["action"] = np.asarray(action, dtype=np.float64)
                 if clean is not None:

@@ -108,7 +108,7 @@ def test_sample_objective_validate(make_trainer, tmp_path, observation):
 
 def test_normalization_is_the_training_statistics_in_buffers(make_trainer, tmp_path):
     _, trainer, model = _built(make_trainer, tmp_path, observation="state")
-    store = open_dataset(next((tmp_path / "cache").iterdir()))
+    store = open_dataset(next((tmp_path / "cache").glob("demos-*")))  # statistics/ beside it
     states = np.concatenate([store.read("state", e, 0, 31) for e in range(6)])
     actions = np.concatenate([store.read("action", e, 0, 31) for e in range(6)])
     np.testing.assert_allclose(model.observation_mean.double().numpy(), states.mean(0), rtol=1e-6)
@@ -123,7 +123,7 @@ def test_visual_observation_is_frames_frame_gap_apart(make_trainer, tmp_path):
     plugin, trainer, _ = _built(make_trainer, tmp_path, batch_size=4, observation="visual",
                                 history=2, frame_gap=2)  # fmt: skip
     batch = plugin.sample(trainer=trainer, generator=torch.Generator().manual_seed(5))
-    store = open_dataset(next((tmp_path / "cache").iterdir()))
+    store = open_dataset(next((tmp_path / "cache").glob("demos-*")))  # statistics/ beside it
     data = plugin._data
     offsets = {"image[0]": range(-2, 1, 2), "action": range(1)}
     anchors = data.sample(offsets, 4, torch.Generator().manual_seed(5))["anchors"]

@@ -17,6 +17,15 @@ REPO = Path(__file__).resolve().parents[3]
 DATASETS = REPO / "tests" / "data" / "datasets"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _user_cache(tmp_path_factory):
+    """slhub's user cache (``$XDG_CACHE_HOME/slhub``: statistics, dataset digests) is one
+    folder of this session's: never the real user's ~/.cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+        yield
+
+
 @pytest.fixture
 def make_trainer():
     """``make_trainer(section, data, batch_size=8, seed=0)``: what the plugin's hooks
@@ -37,8 +46,8 @@ def repo() -> Path:
 
 @pytest.fixture
 def copy_dataset(tmp_path):
-    """``copy_dataset(name)``: a reference dataset copied into ``tmp_path`` (the statistics
-    cache is written beside a dataset, never into the repository)."""
+    """``copy_dataset(name)``: a reference dataset copied into ``tmp_path`` (a test may
+    change or remove it; the repository's copy stays as its library wrote it)."""
 
     def copy(name: str) -> Path:
         source, target = DATASETS / name, tmp_path / "datasets" / name

@@ -42,7 +42,7 @@ SMALL = {"history": 4, "horizon": 3, "hidden": 16, "val_stride": 2}
 
 @pytest.fixture(autouse=True)
 def _statistics_cache(tmp_path, monkeypatch):
-    """A single-file dataset's statistics go to the user's cache: keep it in tmp_path."""
+    """Statistics go to the user's cache, never into the dataset: keep it in tmp_path."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
 
 
@@ -84,9 +84,10 @@ def test_rwm_trains_from_every_format_and_resumes_exactly(tmp_path, repo, copy_d
     width = sum(int(np.prod(opened.features[f].shape)) for f in FORMATS[name]["state"])
     assert len(layout.state_names) == width and layout.angles == ()
     assert bool(layout.extra_names) == ("extra" in FORMATS[name])
-    cache = dataset / ".slhub" if dataset.is_dir() else tmp_path / "xdg" / "slhub"
+    cache = tmp_path / "xdg" / "slhub"
     names = [json.loads(m.read_text()).get("name") for m in cache.glob("statistics/*/meta.json")]
-    assert names.count("changes") == 1  # the state-change statistics, beside the data
+    assert names.count("changes") == 1  # the state-change statistics, in the user's cache
+    assert not (dataset.is_dir() and any(dataset.rglob(".slhub")))  # nothing in the dataset
     metrics = check.metrics_after("resumed", 5)[-1]
     assert metrics["validation/baseline_relative_error"] > 0
 

@@ -322,6 +322,20 @@ class LeRobotDataset(EpisodeDataset):
 
     # ------------------------------------------------------------ reading
 
+    def episode_tasks(self, episode: int) -> np.ndarray | None:
+        """Each step's task string: its ``task_index`` in the task table (None without
+        either)."""
+        if not self.tasks or "task_index" not in self.features:
+            return None
+        index = self.read("task_index", episode, 0, int(self.lengths[episode])).reshape(-1)
+        bad = index[(index < 0) | (index >= len(self.tasks))]
+        if bad.size:
+            raise DatasetError(
+                f"{self.path}: episode {episode} has task_index {int(bad[0])}, but the task "
+                f"table holds {len(self.tasks)} tasks"
+            )
+        return np.asarray(self.tasks, dtype=object)[index.astype(np.int64)]
+
     def read(self, feature: str, episode: int, start: int, stop: int) -> np.ndarray:
         spec = self.check_feature(feature, for_what="the read")
         if stop <= start:

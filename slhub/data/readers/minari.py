@@ -38,6 +38,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from slhub.data.episodes import EpisodeDataset, Feature, missing_library
+from slhub.data.readers.robomimic import damaged_hdf5
 from slhub.errors import DatasetError, one_line
 
 HDF5_FILE = "main_data.hdf5"
@@ -299,7 +300,11 @@ def _layout_hdf5(
 
     file = data_dir / HDF5_FILE
     try:
-        with h5py.File(file, "r") as h5:
+        handle = h5py.File(file, "r")
+    except Exception as exc:  # noqa: BLE001 - a truncated or foreign file is one line
+        raise DatasetError(damaged_hdf5(file, exc)) from None
+    try:
+        with handle as h5:
             ids = sorted(int(m.group(1)) for k in h5 if (m := _EPISODE_GROUP.fullmatch(k)))
             if not ids:
                 raise DatasetError(f"{file}: no episode_<id> groups")

@@ -32,6 +32,7 @@ HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 _USER_BLOCKS = (0, 512, 1024, 2048, 4096)
 
 _DEMO = re.compile(r"demo_(\d+)")
+_TRUNCATED = re.compile(r"truncated file: eof = (?P<eof>\d+).*?stored_eof = (?P<stored>\d+)")
 
 
 def has_hdf5_signature(path: Path) -> bool:
@@ -59,6 +60,33 @@ def probe_hdf5(path: Path) -> Any | None:
         return h5py.File(path, "r")
     except Exception:  # noqa: BLE001 - a damaged file is simply not detected
         return None
+
+
+def damaged_hdf5(path: Path, exc: BaseException) -> str:
+    """The one line for an HDF5 file h5py cannot open: a truncated one says how much of it
+    is left (h5py's ``truncated file: eof = N, ..., stored_eof = M``)."""
+    cut = _TRUNCATED.search(str(exc))
+    if cut is not None:
+        return (
+            f"{path}: damaged HDF5 file, truncated ({cut['eof']} of its {cut['stored']} "
+            "bytes): copy it again"
+        )
+    return f"{path}: not a readable HDF5 file, truncated or corrupt? ({one_line(exc, limit=200)})"
+
+
+def refuse_damaged_hdf5(path: Path) -> None:
+    """Raise :func:`damaged_hdf5`'s line when ``path`` has the HDF5 signature but h5py
+    cannot open it (what no reader's ``detect`` recognizes); otherwise return."""
+    if not has_hdf5_signature(path):
+        return
+    try:
+        import h5py
+    except ImportError:
+        return
+    try:
+        h5py.File(path, "r").close()
+    except Exception as exc:  # noqa: BLE001 - truncated, corrupt: one line
+        raise DatasetError(damaged_hdf5(path, exc)) from None
 
 
 def text_attr(value: Any) -> str | None:
@@ -93,10 +121,7 @@ class Hdf5Dataset(EpisodeDataset):
         try:
             return h5py.File(path, "r")
         except Exception as exc:  # noqa: BLE001 - truncated, corrupt, not HDF5: all one line
-            raise DatasetError(
-                f"{path}: not a readable HDF5 file, truncated or corrupt? "
-                f"({one_line(exc, limit=200)})"
-            ) from None
+            raise DatasetError(damaged_hdf5(path, exc)) from None
 
     @property
     def file(self) -> Any:
@@ -204,10 +229,7 @@ class RobomimicDataset(Hdf5Dataset):
             if features is None:
                 features = found
             elif found != features:
-                raise DatasetError(
-                    f"{path}: {demo} has features {_describe(found)}, but {demos[0]} has "
-                    f"{_describe(features)}; every demo needs the same"
-                )
+                raise DatasetError(f"{path}: {_difference(demo, found, demos[0], features)}")
             lengths.append(length)
         index = {demo: i for i, demo in enumerate(demos)}
         return cls(
@@ -262,8 +284,29 @@ def _demo_features(path: Path, demo: str, group: Any, h5py: Any) -> tuple[dict[s
     return features, int(length or 0)
 
 
-def _describe(features: dict[str, Feature]) -> str:
-    return ", ".join(f"{name} {list(f.shape)} {f.dtype}" for name, f in features.items())
+def _difference(
+    demo: str, found: dict[str, Feature], first: str, features: dict[str, Feature]
+) -> str:
+    """The first feature in which ``demo`` differs from the ``first`` demo, as a short
+    phrase naming both shapes (never the whole feature lists, which run to hundreds of
+    characters in a real file)."""
+    for name in sorted(set(found) | set(features)):
+        mine, theirs = found.get(name), features.get(name)
+        if mine == theirs:
+            continue
+        if mine is None:
+            return f"{demo} lacks {name}, which {first} has; every demo needs the same features"
+        if theirs is None:
+            return f"{demo} has {name}, which {first} lacks; every demo needs the same features"
+        return (
+            f"{demo}'s {name} is {_per_step(mine)} per step, {first}'s is {_per_step(theirs)}; "
+            "every demo needs the same"
+        )
+    return f"{demo}'s features differ from {first}'s"  # unreachable: found != features
+
+
+def _per_step(feature: Feature) -> str:
+    return f"{list(feature.shape)} {feature.dtype}"
 
 
 def _splits(

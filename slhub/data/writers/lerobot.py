@@ -9,9 +9,10 @@ file                                            holds
 ``meta/info.json``                              the schema: fps, features, paths, totals
 ``meta/stats.json``                             min, max, mean, std, count and quantiles
                                                 per feature (images per channel, in [0, 1])
-``meta/tasks.parquet``                          the one task string, as LeRobot's pandas
+``meta/tasks.parquet``                          the task strings, as LeRobot's pandas
                                                 frame indexed by the task
-``meta/episodes/chunk-000/file-000.parquet``    per episode: length, row range, video span
+``meta/episodes/chunk-000/file-000.parquet``    per episode: its tasks, length, row range,
+                                                video span
 ``data/chunk-000/file-000.parquet``             every step's vectors (``float64`` kept
                                                 ``float64``: they read back exactly), and
                                                 LeRobot's ``timestamp``, ``frame_index``,
@@ -19,6 +20,13 @@ file                                            holds
 ``videos/<key>/chunk-000/file-000.mp4``         each image feature's frames, the episodes
                                                 one after another (``from_timestamp``)
 ==============================================  =========================================
+
+The fps is the source's, or the one given where the source records none (robomimic,
+zarr, Minari, NeRD); a source without one and no fps given is refused before anything
+is written. Each step keeps its task where the source records tasks (a LeRobot
+dataset, or slhub's store made from one): the tasks are numbered in order of first
+appearance, as LeRobot numbers them while recording, and each episode lists its own.
+A source without tasks gets one, its folder name (or ``task=``), for every step.
 
 A scalar feature (shape ``()``) is a plain column of shape ``[1]``, as LeRobot writes
 one. Video is lossy: H.264 (``libx264``) in ``yuv444p`` (no chroma subsampling, which
@@ -67,18 +75,24 @@ def write_lerobot(
     destination: str | Path,
     *,
     task: str | None = None,
+    fps: float | None = None,
     crf: int = CRF,
     progress: Callable[[int], None] | None = None,
 ) -> Path:
     """Write every episode of ``source`` as a new LeRobot v3.0 dataset at ``destination``.
 
-    :param task: the task string every episode gets (default: the source's folder name).
+    :param task: the task string every step gets (default: each step's own where the
+        source records tasks, else the source's folder name).
+    :param fps: the control rate, for a source that records none (one that does must
+        agree with it).
     :param crf: x264's constant rate factor for the videos (lower is closer, larger).
     :param progress: called with the number of steps written after each episode.
-    :raises DatasetError: ``destination`` exists, ``source`` has no episodes, or an
-        image feature is not 3-channel.
+    :raises DatasetError: no fps (or one that is not finite and above 0, or that differs
+        from the source's), ``destination`` exists, ``source`` has no episodes, or an
+        image feature is not 3-channel; all before anything is written.
     """
     destination = Path(destination)
+    rate = control_rate(source, fps, "fps=")
     if destination.exists():
         raise DatasetError(f"{destination}: exists; convert writes a new directory")
     if source.num_episodes == 0:
@@ -96,7 +110,7 @@ def write_lerobot(
     shutil.rmtree(building, ignore_errors=True)
     building.mkdir()
     try:
-        _fill(source, features, building, task or Path(source.path).name, crf, progress)
+        _fill(source, features, building, rate, task, crf, progress)
         try:
             os.replace(building, destination)
         except OSError:
@@ -113,16 +127,15 @@ def _fill(
     source: EpisodeDataset,
     features: dict[str, Feature],
     folder: Path,
-    task: str,
+    fps: float,
+    task: str | None,
     crf: int,
     progress: Callable[[int], None] | None,
 ) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    fps = float(source.fps)
-    if not fps > 0:
-        raise DatasetError(f"{source.path}: fps {source.fps}; a LeRobot dataset needs one > 0")
+    tasks, task_index, episode_tasks = _task_table(source, task)
     lengths = [int(n) for n in source.lengths]
     starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     vectors = [n for n, f in features.items() if not f.is_image]
@@ -150,7 +163,7 @@ def _fill(
     table["frame_index"] = pa.array(frame_index)
     table["episode_index"] = pa.array(episode_index)
     table["index"] = pa.array(np.arange(total, dtype=np.int64))
-    table["task_index"] = pa.array(np.zeros(total, dtype=np.int64))
+    table["task_index"] = pa.array(task_index)
     data = pa.table(table)
     hf = {name: _hf_feature(features[name]) for name in vectors}
     hf["timestamp"] = {"dtype": "float32", "_type": "Value"}
@@ -160,7 +173,7 @@ def _fill(
 
     episodes: dict[str, Any] = {
         "episode_index": pa.array(np.arange(len(lengths), dtype=np.int64)),
-        "tasks": pa.array([[task]] * len(lengths), type=pa.list_(pa.string())),
+        "tasks": pa.array(episode_tasks, type=pa.list_(pa.string())),
         "length": pa.array(np.asarray(lengths, dtype=np.int64)),
         "data/chunk_index": pa.array(np.zeros(len(lengths), dtype=np.int64)),
         "data/file_index": pa.array(np.zeros(len(lengths), dtype=np.int64)),
@@ -175,7 +188,7 @@ def _fill(
     episodes["meta/episodes/chunk_index"] = pa.array(np.zeros(len(lengths), dtype=np.int64))
     episodes["meta/episodes/file_index"] = pa.array(np.zeros(len(lengths), dtype=np.int64))
     _parquet(pq, pa.table(episodes), folder / "meta/episodes/chunk-000/file-000.parquet")
-    _tasks(pa, pq, task, folder / "meta/tasks.parquet")
+    _tasks(pa, pq, tasks, folder / "meta/tasks.parquet")
 
     info_features = {name: _info_feature(features[name], fps) for name in features}
     info_features["timestamp"] = {"dtype": "float32", "shape": [1], "names": None}
@@ -186,7 +199,7 @@ def _fill(
         "robot_type": None,
         "total_episodes": len(lengths),
         "total_frames": total,
-        "total_tasks": 1,
+        "total_tasks": len(tasks),
         "chunks_size": 1000,
         "data_files_size_in_mb": 100,
         "video_files_size_in_mb": 200,
@@ -198,6 +211,68 @@ def _fill(
     }
     _text(folder / "meta/info.json", json.dumps(info, indent=4) + "\n")
     _text(folder / "meta/stats.json", json.dumps(_stats(source, features), indent=4) + "\n")
+
+
+def control_rate(
+    source: EpisodeDataset, fps: float | None, option: str = "fps=", required: bool = True
+) -> float | None:
+    """The fps to write: ``fps`` where given (finite, above 0, and equal to the source's
+    where the source records a usable one), else the source's; None only when neither
+    has one and ``required`` is false. ``option`` names the argument in the one-line refusals
+    (``--fps`` on the command line)."""
+    if fps is not None:
+        given = float(fps)
+        if not (np.isfinite(given) and given > 0):
+            raise DatasetError(
+                f"{option} {_number(given)}: give a finite rate above 0 (steps per second)"
+            )
+    if source.fps is None:
+        if fps is None and required:
+            raise DatasetError(
+                f"{source.path}: this {source.format} dataset records no fps, and a LeRobot "
+                f"dataset needs one: give its control rate with {option} HZ"
+            )
+        return None if fps is None else given
+    recorded = float(source.fps)
+    if not (np.isfinite(recorded) and recorded > 0):  # unusable: as if it recorded none
+        if fps is None and required:
+            raise DatasetError(
+                f"{source.path}: records fps {source.fps}, and a LeRobot dataset needs one "
+                f"above 0: give its control rate with {option} HZ"
+            )
+        return recorded if fps is None else given
+    if fps is not None and not np.isclose(given, recorded, rtol=1e-9, atol=0.0):
+        shown = _number(recorded)
+        raise DatasetError(
+            f"{option} {_number(given)}: {source.path} records fps {shown}; leave {option} out "
+            f"or give {shown}"
+        )
+    return recorded
+
+
+def _task_table(
+    source: EpisodeDataset, task: str | None
+) -> tuple[list[str], np.ndarray, list[list[str]]]:
+    """Every task string (numbered in order of first appearance, as LeRobot numbers them
+    while recording), each step's ``task_index`` and each episode's list of tasks:
+    ``task`` for every step where given, else the source's own where it records them,
+    else its folder name."""
+    table: dict[str, int] = {}
+    rows, per_episode = [], []
+    for episode, length in enumerate(int(n) for n in source.lengths):
+        steps = None if task is not None else source.episode_tasks(episode)
+        if steps is None:
+            steps = np.full(length, task if task is not None else Path(source.path).name)
+        values, first, inverse = np.unique(
+            np.asarray(steps).astype(str), return_index=True, return_inverse=True
+        )
+        order = np.argsort(first, kind="stable")
+        codes = np.empty(len(values), dtype=np.int64)
+        for at in order:
+            codes[at] = table.setdefault(str(values[at]), len(table))
+        rows.append(codes[inverse.reshape(-1)])
+        per_episode.append([str(values[at]) for at in order])
+    return list(table), np.concatenate(rows).astype(np.int64), per_episode
 
 
 class _VideoWriter:
@@ -313,25 +388,32 @@ def _ranges(splits: dict[str, tuple[int, ...]]) -> dict[str, str]:
     return out
 
 
-def _tasks(pa: Any, pq: Any, task: str, path: Path) -> None:
-    """``tasks.parquet`` as pandas writes LeRobot's frame (the task string its index), so
-    ``pandas.read_parquet`` gives LeRobot what it expects; written without pandas."""
-    table = pa.table({"task_index": pa.array([0]), "__index_level_0__": pa.array([task])})
+def _tasks(pa: Any, pq: Any, tasks: list[str], path: Path) -> None:
+    """``tasks.parquet`` as LeRobot writes its frame with pandas (the task strings its
+    index, ``task_index`` 0, 1, ... its one column; the schema and pandas metadata of
+    lerobot 0.4.4's files), so ``pandas.read_parquet`` gives LeRobot what it expects;
+    written without pandas."""
+    table = pa.table(
+        {
+            "task_index": pa.array(np.arange(len(tasks), dtype=np.int64)),
+            "__index_level_0__": pa.array(tasks, type=pa.large_string()),
+        }
+    )
     meta = {
         "index_columns": ["__index_level_0__"],
         "column_indexes": [
-            {"name": None, "field_name": None, "pandas_type": "unicode", "numpy_type": "object",
+            {"name": None, "field_name": None, "pandas_type": "unicode", "numpy_type": "str",
              "metadata": {"encoding": "UTF-8"}},
         ],
         "columns": [
             {"name": "task_index", "field_name": "task_index", "pandas_type": "int64",
              "numpy_type": "int64", "metadata": None},
-            {"name": None, "field_name": "__index_level_0__", "pandas_type": "unicode",
-             "numpy_type": "object", "metadata": None},
+            {"name": None, "field_name": "__index_level_0__", "pandas_type": "object",
+             "numpy_type": "str", "metadata": None},
         ],
         "attributes": {},
         "creator": {"library": "pyarrow", "version": pa.__version__},
-        "pandas_version": "2.2.0",
+        "pandas_version": "3.1.1",
     }  # fmt: skip
     _parquet(pq, table.replace_schema_metadata({"pandas": json.dumps(meta)}), path)
 

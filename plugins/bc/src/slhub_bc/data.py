@@ -56,7 +56,9 @@ def open_data(cfg: BcSection, section: BcDataSection, trainer: Any = None) -> Tr
             section.cache_dir, **section.demos.model_dump(), images=cfg.observation == "visual"
         )
         split = section.split.model_copy(update={"train": "train", "validation": "validation"})
-        section = section.model_copy(update={"path": str(path), "split": split})
+        # the demonstrations' statistics are cached beside them, in cache_dir
+        update = {"path": str(path), "split": split, "cache_dir": section.cache_dir}
+        section = section.model_copy(update=update)
     roles, section = roles_of(cfg, section)
     return TrainingData.open(section, roles, trainer=trainer)
 

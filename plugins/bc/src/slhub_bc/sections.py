@@ -33,8 +33,9 @@ class DemoSection(BaseModel):
     max_force: float = Field(default=10.0, gt=0)
 
 
-#: The demonstration generator's keys, which a recipe with ``data.path`` does not use.
-GENERATOR_KEYS = ("cache_dir", "demos")
+#: The demonstration generator's keys, which a recipe with ``data.path`` does not use
+#: (``cache_dir`` serves a dataset path too: its statistics go there).
+GENERATOR_KEYS = ("demos",)
 
 
 class BcDataSection(DataSection):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 from slhub import one_line
@@ -162,6 +162,22 @@ class WorldModel(nn.Module):
         dtype = state["input_mean"].dtype
         model.to(dtype).load_state_dict(dict(state))
         return model
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        """Take a saved ``rwm_layout`` that differs from this model's only in ``robot`` (the
+        name of the dataset's folder, e.g. ``slhub eval --env``'s fresh episodes), whose
+        length may differ; any other difference is refused as a mismatch, as before."""
+        saved = state_dict.get(prefix + LAYOUT_KEY)
+        mine = getattr(self, LAYOUT_KEY)
+        if isinstance(saved, torch.Tensor) and saved.shape != mine.shape:
+            try:
+                layout = RwmLayout.from_tensor(saved)
+            except ValueError:
+                layout = None
+            if layout is not None and replace(layout, robot=self.layout.robot) == self.layout:
+                setattr(self, LAYOUT_KEY, torch.empty_like(saved, device=mine.device))
+                self.layout = layout
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def set_normalization(
         self,
