@@ -26,7 +26,6 @@ from __future__ import annotations
 import datetime as dt
 import fcntl
 import json
-import math
 import os
 import socket
 import uuid
@@ -36,6 +35,7 @@ from typing import Any, TextIO
 from slhub.atomic import atomic_write
 from slhub.errors import ArtifactError
 from slhub.paths import path_errors, user_path
+from slhub.strictjson import NON_FINITE, dumps
 
 RUN_FORMAT = "slhub.run/1"
 RUN_FILE = "run.json"
@@ -213,7 +213,7 @@ def claim(folder: Path, identity: dict[str, Any]) -> None:
         ) from None
     try:
         with handle:
-            json.dump(identity, handle, indent=2, sort_keys=True, default=str)
+            handle.write(dumps(identity, indent=2, sort_keys=True, default=str))
             handle.write("\n")
             handle.flush()
             os.fsync(handle.fileno())
@@ -231,7 +231,7 @@ def record_best(folder: Path, best: dict[str, Any]) -> None:
     identity = read_identity(folder)
     if identity is None:
         raise ArtifactError(f"{folder}: no {RUN_FILE} to record the best checkpoint in")
-    text = json.dumps({**identity, "best": best}, indent=2, sort_keys=True, default=str) + "\n"
+    text = dumps({**identity, "best": best}, indent=2, sort_keys=True, default=str) + "\n"
     atomic_write(text, folder / RUN_FILE)
 
 
@@ -282,21 +282,10 @@ def check_resume_destination(folder: Path, checkpoint_run: dict[str, Any] | None
 
 
 #: metrics.jsonl is strict JSON, which has no NaN or infinity: a non-finite float is
-#: written as one of these strings, and :func:`read_metrics` reads it back as the float.
-NON_FINITE: dict[str, float] = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+#: written as one of the strings of :data:`NON_FINITE` (:mod:`slhub.strictjson`, as
+#: every JSON slhub writes), and :func:`read_metrics` reads it back as the float.
 #: Record keys whose string values are text, never a non-finite number.
 _TEXT_KEYS = frozenset({"event", "checkpoint"})
-
-
-def _strict_json(value: Any) -> Any:
-    """``value`` with every non-finite float replaced by its :data:`NON_FINITE` name."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
-    if isinstance(value, dict):
-        return {key: _strict_json(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_strict_json(item) for item in value]
-    return value
 
 
 def _numbers_back(record: dict[str, Any]) -> dict[str, Any]:
@@ -382,10 +371,7 @@ class MetricsLog:
     def append(self, record: dict[str, Any]) -> None:
         """Append one record as a line of strict JSON (non-finite floats as their
         :data:`NON_FINITE` names; ``record`` itself is left as it is)."""
-        try:  # every update's line: walk the record only when a value is not finite
-            line = json.dumps(record, sort_keys=True, allow_nan=False)
-        except ValueError:
-            line = json.dumps(_strict_json(record), sort_keys=True, allow_nan=False)
+        line = dumps(record, sort_keys=True)  # walks the record only when a value is not finite
         try:
             self._handle.write((line + "\n").encode())
             self._handle.flush()

@@ -479,16 +479,15 @@ def _export(args: argparse.Namespace) -> None:
 
 
 def _eval(args: argparse.Namespace) -> None:
-    import json
-
     from slhub.eval_command import format_metrics, run_eval
+    from slhub.strictjson import dumps
 
     metrics = run_eval(
         args.checkpoint, overrides=args.overrides, plugin=args.plugin, env=args.env,
         episodes=args.episodes, steps=args.steps, seed=args.seed, actions=args.actions,
         video=args.video,
     )  # fmt: skip
-    print(json.dumps(metrics) if args.json else format_metrics(metrics))
+    print(dumps(metrics) if args.json else format_metrics(metrics))
 
 
 def _plot(args: argparse.Namespace) -> None:
@@ -564,6 +563,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         return _reader_gone()
+    from slhub.launch import report_done
+
+    report_done()  # under slhub launch: this worker finished (a signal now changes nothing)
     return 0
 
 

@@ -316,29 +316,13 @@ def _same_layout(
 
 
 def _components(features: dict[str, Any], chosen: Sequence[str]) -> tuple[str, ...] | None:
-    """The component names of the features ``chosen`` fill a role with, named as
-    :mod:`slhub.data.source` names them (``qpos.hinge``); None when one is absent."""
+    """The component names of the features ``chosen`` fill a role with, named as training
+    names them (``qpos.hinge``); None when one is absent."""
+    from slhub.data.source import component_names
+
     if any(name not in features for name in chosen):
         return None
-    parts: list[list[str]] = []
-    for name in chosen:
-        feature = features[name]
-        if not feature.shape:
-            parts.append([name])
-        elif len(feature.shape) > 1:
-            parts.append([f"{name} {list(feature.shape)}"])
-        elif feature.names and len(feature.names) == feature.shape[0]:
-            parts.append(list(feature.names))
-        else:
-            parts.append([f"{name}[{i}]" for i in range(feature.shape[0])])
-    names = [n for part in parts for n in part]
-    if len(set(names)) != len(names):  # qpos and qvel both name their joints
-        names = [
-            n if n.startswith(f"{feature}[") or n == feature else f"{feature}.{n}"
-            for feature, part in zip(chosen, parts)
-            for n in part
-        ]
-    return tuple(names)
+    return component_names({name: features[name] for name in chosen})
 
 
 def _listed(names: Sequence[str], keep: int = 6) -> str:

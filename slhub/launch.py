@@ -9,12 +9,19 @@ environment unchanged), and each worker reports how it ended in a record of its 
 agreed failure, the rank it started on) instead of printing that line. The launcher
 prints one line and exits with:
 
-- 0: every worker finished;
+- 0: every worker finished (each leaves a done record: a stop signal that reaches
+  the launcher on the last update or after it leaves the status 0);
 - 75: a worker was preempted (the checkpoint of its last update is written);
 - 2: every worker that failed refused bad input or an agreed failure;
 - 130: interrupted (Ctrl-C); 128+N: the launcher got signal N and the workers did
   not checkpoint (a signal during startup);
-- 1: anything else: a worker died or hit a bug, or the rendezvous failed.
+- 1: anything else: a worker died (one killed by SIGKILL is named as such: the
+  out-of-memory killer's signal, never the SIGTERM of the agent's own teardown) or
+  hit a bug, or the rendezvous failed.
+
+The records live in a temporary folder, ``slhub-launch-PID-*`` (PID: the launcher's),
+removed on every exit that runs code; a launcher killed by SIGKILL leaves its folder,
+and the next launch removes it (never the folder of a launcher still running).
 
 Stop signals that reach the launcher are forwarded to the workers by the agent
 (SIGUSR1 and SIGUSR2 too, unless ``--signals-to-handle`` says otherwise), so a
@@ -28,11 +35,16 @@ import argparse
 import json
 import logging
 import os
+import re
 import shlex
 import shutil
 import signal
+import socket
+import stat
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,6 +115,13 @@ def report(code: int, line: str, origin_rank: int | None = None) -> bool:
     except OSError:
         return False
     return True
+
+
+def report_done() -> bool:
+    """Under ``slhub launch``, record that this worker finished (status 0, no line): a
+    stop signal that reaches the launcher after it cannot turn a completed run into a
+    failure. False outside ``slhub launch``."""
+    return report(0, "")
 
 
 def resume_launcher() -> str | None:
@@ -251,35 +270,151 @@ def _run(args: argparse.Namespace, prefix: list[str], owns_process: bool) -> Out
         config, entrypoint, entry_args = torchrun.config_from_args(args)
     except (ValueError, AssertionError, RuntimeError) as exc:
         return Outcome(EXIT_USAGE, message=f"launch: {one_line(exc)}")
-    folder = tempfile.mkdtemp(prefix="slhub-launch-")
-    saved = {name: os.environ.get(name) for name in (STATUS_ENV, COMMAND_ENV)}
-    os.environ[STATUS_ENV] = folder  # the workers inherit the agent's environment
-    os.environ[COMMAND_ENV] = shlex.join(["slhub", "launch", *prefix])
     handled = _signals(getattr(config, "signals_to_handle", SIGNALS_TO_HANDLE))
     previous = {signum: signal.getsignal(signum) for signum in handled}
+    # after the handlers: nothing comes back here
+    after = {signum: signal.SIG_IGN if owns_process else previous[signum] for signum in handled}
+    saved = {name: os.environ.get(name) for name in (STATUS_ENV, COMMAND_ENV)}
+    folder: Path | None = None
     try:
         try:
+            # a stop signal before the agent installs its handlers (the rendezvous) ends
+            # the launch as one during the run does: with its line, the folder removed
+            _set_handlers(dict.fromkeys(handled, _raise_signal))
+            folder = _status_folder()
+            os.environ[STATUS_ENV] = str(folder)  # the workers inherit the agent's environment
+            os.environ[COMMAND_ENV] = shlex.join(["slhub", "launch", *prefix])
             launch_agent(config, entrypoint, list(entry_args))
         finally:
             # the agent's handlers stay installed and would raise into the exit; the
             # outcome is decided now, so a late stop signal is ignored (or the caller's
             # handlers come back when it owns the process)
-            for signum in handled:
-                signal.signal(signum, signal.SIG_IGN if owns_process else previous[signum])
+            _set_handlers(after)
     except ChildFailedError as exc:
-        return _failed(exc.failures, _records(folder))
+        records = _records(folder)
+        return _completed(records, config.nproc_per_node) or _failed(exc.failures, records)
     except SignalException as exc:
         return _signalled(exc.sigval, _records(folder))
+    except KeyboardInterrupt:  # SIGINT left out of --signals-to-handle
+        return _signalled(signal.SIGINT, _records(folder))
     except Exception as exc:  # noqa: BLE001 - the rendezvous or the agent itself
         return Outcome(EXIT_FAILED, message=f"launch failed: {one_line(exc)}")
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        _set_handlers(after)  # again: a signal may have cut the first one short
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
     return Outcome(0)
+
+
+def _raise_signal(signum: int, frame: Any) -> NoReturn:
+    """Until the agent installs its own: a stop signal raises what the agent's raises."""
+    from torch.distributed.elastic.multiprocessing import SignalException
+
+    raise SignalException(f"slhub launch got {signal.Signals(signum).name}", signal.Signals(signum))
+
+
+def _set_handlers(handlers: dict[int, Any]) -> None:
+    """Install ``handlers`` (by signal number) with those signals blocked meanwhile: one
+    that arrives in between waits and then meets the new handler, never a half-set one."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    block = hasattr(signal, "pthread_sigmask")
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, handlers) if block else None
+    try:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    finally:
+        if mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+# --- the status folder: /tmp/slhub-launch-PID-* ---------------------------------------
+
+#: The status folders' names: ``slhub-launch-PID-RANDOM`` (PID: the launcher's).
+_FOLDER_PREFIX = "slhub-launch-"
+_FOLDER_NAME = re.compile(rf"{_FOLDER_PREFIX}(\d+)-")
+#: The file in a status folder that says which process made it: its host and start time.
+_OWNER_FILE = "launcher"
+#: A folder without that file (its launcher was between the two) is judged after this.
+_OWNERLESS_AFTER_S = 60
+
+
+def _status_folder() -> Path:
+    """A new status folder, after removing those of launchers that are gone (a launcher
+    killed by SIGKILL, which runs no code, leaves its own)."""
+    parent = Path(tempfile.gettempdir())
+    remove_stale_folders(parent)
+    folder = Path(tempfile.mkdtemp(prefix=f"{_FOLDER_PREFIX}{os.getpid()}-", dir=parent))
+    try:
+        (folder / _OWNER_FILE).write_text(_owner(os.getpid()))
+    except BaseException:  # a stop signal, or the disk
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return folder
+
+
+def _owner(pid: int) -> str:
+    """What a status folder's owner file says of the launcher ``pid``: this host's name
+    and the process's start time (``?`` where it is not known)."""
+    return f"{socket.gethostname()} {_process_start(pid) or '?'}"
+
+
+def remove_stale_folders(parent: Path) -> list[Path]:
+    """Remove the status folders in ``parent`` whose launcher is gone: its pid is not
+    a live process, or (on Linux) the live process of that pid started at another time
+    than the one that made the folder. A live launcher's folder, one made on another
+    host (a shared TMPDIR), and one of another user are kept. Returns those removed."""
+    removed = []
+    for path in parent.glob(f"{_FOLDER_PREFIX}*"):
+        match = _FOLDER_NAME.match(path.name)
+        try:
+            info = path.lstat()
+        except OSError:
+            continue
+        if match is None or not stat.S_ISDIR(info.st_mode):
+            continue
+        if hasattr(os, "getuid") and info.st_uid != os.getuid():
+            continue
+        if _launcher_alive(int(match.group(1)), path, info.st_mtime):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _launcher_alive(pid: int, folder: Path, changed: float) -> bool:
+    """Whether the launcher that made ``folder`` may still run (then it is kept)."""
+    try:
+        host, started = (folder / _OWNER_FILE).read_text().split()
+    except (OSError, ValueError):  # no owner file: its launcher was killed, or is starting
+        host = started = None
+        if time.time() - changed < _OWNERLESS_AFTER_S:
+            return True
+    if host is not None and host != socket.gethostname():
+        return True  # its pid means nothing here
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # a process of another user: not ours to judge
+    now = _process_start(pid)
+    return started in (None, "?") or now is None or now == started
+
+
+def _process_start(pid: int) -> str | None:
+    """A process's start time in clock ticks after boot (``/proc/PID/stat``, field 22),
+    which tells a process from a later one given the same pid; None off Linux."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+        return text[text.rindex(")") + 2 :].split()[19]
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _rendezvous_defaults(args: argparse.Namespace, torchrun: Any) -> None:
@@ -331,9 +466,11 @@ def _signals(names: str) -> list[int]:
     return [signum for signum in found if isinstance(signum, signal.Signals)]
 
 
-def _records(folder: str) -> dict[int, dict[str, Any]]:
+def _records(folder: str | Path | None) -> dict[int, dict[str, Any]]:
     """The workers' records of the last attempt (``--max-restarts`` reruns them), by rank."""
     found: dict[int, dict[str, Any]] = {}
+    if folder is None:
+        return found
     for path in Path(folder).glob("[0-9]*.json"):
         try:
             record = json.loads(path.read_text())
@@ -344,8 +481,27 @@ def _records(folder: str) -> dict[int, dict[str, Any]]:
     return {rank: r for rank, r in found.items() if r.get("attempt", 0) == last}
 
 
-#: How the agent ends the workers it stops after the first failure.
-_TEARDOWN = (-signal.SIGTERM, -signal.SIGKILL)
+#: How long the agent waits for the workers it stops with SIGTERM before it sends
+#: SIGKILL (torch's ``PContext.close`` timeout after a failure).
+_KILL_AFTER_S = 30
+
+
+def _completed(records: dict[int, dict[str, Any]], workers: int) -> Outcome | None:
+    """Status 0 when every worker of this node left its done record: whatever ended
+    them afterwards (a stop signal, the agent's teardown) came after the run's end."""
+    done = [rank for rank, record in records.items() if record["code"] == 0]
+    return Outcome(0) if done and len(done) >= workers else None
+
+
+def _teardown(failure: Any, first: int) -> bool:
+    """Whether the agent's teardown ended this worker: the SIGTERM it sends the others
+    after the first failure, or the SIGKILL that follows for a worker that ignored it
+    for ``_KILL_AFTER_S``. A SIGKILL before that came from elsewhere (``kill -9``, the
+    out-of-memory killer)."""
+    code = failure.exitcode
+    if code == -signal.SIGKILL:
+        return failure.timestamp >= first + _KILL_AFTER_S - 1  # whole seconds
+    return code == -signal.SIGTERM
 
 
 def _failed(failures: dict[int, Any], records: dict[int, dict[str, Any]]) -> Outcome:
@@ -357,14 +513,15 @@ def _failed(failures: dict[int, Any], records: dict[int, dict[str, Any]]) -> Out
     (a signal, ``os._exit``, a bug's traceback), and unless the agent's teardown killed
     it, it is the cause and the others' records are consequences.
     """
+    first = min((f.timestamp for f in failures.values()), default=0)
     died = {rank: f for rank, f in failures.items() if rank not in records}
-    codes = {r["code"] for rank, r in records.items() if rank in failures}
+    codes = {r["code"] for rank, r in records.items() if rank in failures and r["code"] != 0}
     if EXIT_PREEMPTED in codes:
         return Outcome(EXIT_PREEMPTED, _chosen_line(records, EXIT_PREEMPTED))
-    if codes == {EXIT_USAGE} and all(f.exitcode in _TEARDOWN for f in died.values()):
+    if codes == {EXIT_USAGE} and all(_teardown(f, first) for f in died.values()):
         return Outcome(EXIT_USAGE, _chosen_line(records, EXIT_USAGE))
-    causes = sorted(died.items(), key=lambda item: (_cause_order(item[1]), item[0]))
-    if causes and causes[0][1].exitcode not in _TEARDOWN:
+    causes = sorted(died.items(), key=lambda item: (_cause_order(item[1], first), item[0]))
+    if causes and not _teardown(causes[0][1], first):
         return Outcome(EXIT_FAILED, message=_death(*causes[0]))
     own = [r["line"] for rank, r in sorted(records.items()) if r["code"] == EXIT_FAILED]
     if own:  # a worker that lost the others (its peer died on another node)
@@ -373,17 +530,24 @@ def _failed(failures: dict[int, Any], records: dict[int, dict[str, Any]]) -> Out
     return Outcome(EXIT_FAILED, message=_death(rank, failure))
 
 
-def _cause_order(failure: Any) -> tuple[int, int]:
-    """Which dead worker to name: an exit status before a signal, any signal before the
-    SIGTERM the agent sends when it stops the others, then the earliest."""
+def _cause_order(failure: Any, first: int) -> tuple[int, int]:
+    """Which dead worker to name: an exit status before a signal, any signal (a SIGKILL
+    from elsewhere included) before the agent's teardown, then the earliest."""
     code = failure.exitcode
-    kind = 0 if code >= 0 else 2 if code == -signal.SIGTERM else 1
+    kind = 0 if code >= 0 else 2 if _teardown(failure, first) else 1
     return kind, failure.timestamp
 
 
 def _signalled(sigval: int, records: dict[int, dict[str, Any]]) -> Outcome:
-    """The launcher got a stop signal; the agent forwarded it and waited for the workers."""
+    """The launcher got a stop signal; the agent forwarded it and waited for the workers.
+
+    Workers that all left done records completed the run (a done record of any rank
+    means every rank passed the final agreement after the last update): status 0, as
+    ``slhub train`` gives for a signal on or after its last update.
+    """
     codes = {r["code"] for r in records.values()}
+    if codes == {0}:
+        return Outcome(0)
     if EXIT_PREEMPTED in codes:
         return Outcome(EXIT_PREEMPTED, _chosen_line(records, EXIT_PREEMPTED))
     if codes == {EXIT_INTERRUPTED}:
@@ -410,9 +574,14 @@ def _chosen_line(records: dict[int, dict[str, Any]], code: int) -> str | None:
 def _death(rank: int, failure: Any) -> str:
     """A worker that ended without slhub's line, in one line."""
     code = failure.exitcode
-    how = f"was killed by {failure.signal_name()}" if code < 0 else f"exited with status {code}"
+    if code == -signal.SIGKILL:  # the kernel's out-of-memory killer sends SIGKILL
+        how = "was killed (SIGKILL: out of memory?)"
+    elif code < 0:
+        how = f"was killed by {failure.signal_name()}"
+    else:
+        how = f"exited with status {code}"
     where = "its traceback is above" if code == EXIT_FAILED else "the others were stopped"
     return (
-        f"worker rank {rank} (pid {failure.pid}) {how} ({where}); --resume auto continues "
+        f"worker rank {rank} (pid {failure.pid}) {how}; {where}; --resume auto continues "
         "from the last checkpoint"
     )

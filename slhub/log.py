@@ -1,7 +1,9 @@
 """structlog configuration: a compact console for people, JSON lines for pipelines.
 
 JSON lines carry everything on every event: ``run_id``, ``rank``,
-``world_size``, ``step`` (null before training), ``level`` and ``timestamp``.
+``world_size``, ``step`` (null before training), ``level`` and ``timestamp``,
+and are strict JSON: a NaN or infinite value is written as ``"NaN"``,
+``"Infinity"`` or ``"-Infinity"``, as in metrics.jsonl (:mod:`slhub.strictjson`).
 The console says the run's identity once, in the ``start`` event, and then keeps
 each line short: the time, the event, ``step`` and the event's own fields, with
 floats at 4 significant digits (the exact values are in metrics.jsonl), and
@@ -16,7 +18,6 @@ name the rank), so a torchrun console is not N copies.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -29,6 +30,7 @@ from typing import Any
 import structlog
 import structlog.tracebacks
 
+from slhub import strictjson
 from slhub.errors import SlhubError
 
 FORMATS = ("console", "json")
@@ -90,7 +92,8 @@ def configure(fmt: str = "console", rank: int = 0, world_size: int = 1) -> None:
             structlog.processors.ExceptionRenderer(
                 structlog.tracebacks.ExceptionDictTransformer(show_locals=False)
             ),
-            structlog.processors.JSONRenderer(),
+            # strict JSON: a NaN or infinite field as "NaN"/"Infinity", as metrics.jsonl
+            structlog.processors.JSONRenderer(serializer=strictjson.dumps),
         ]
     else:
         processors += [
@@ -156,7 +159,7 @@ def final_line(message: str, fmt: str, event: str = "error", level: str = "error
         return f"slhub: error: {message}" if level == "error" else f"slhub: {message}"
     context = {"run_id": None, "step": _step, **structlog.contextvars.get_contextvars()}
     line = {"event": event, "level": level, "message": message, **context}
-    return json.dumps(_TIMESTAMPER(None, event, line))
+    return strictjson.dumps(_TIMESTAMPER(None, event, line), default=str)
 
 
 def significant(value: float, digits: int = 4) -> str:

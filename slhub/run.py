@@ -31,7 +31,8 @@ import torch
 from slhub import artifacts, distributed, log, preemption, registry
 from slhub._version import __version__
 from slhub.checkpoint import LAST, ResumePlan, StartRequest, plan_resume
-from slhub.errors import ArtifactError, PluginError, SlhubError
+from slhub.checkpoint.manager import finish_write
+from slhub.errors import ArtifactError, CheckpointError, PluginError, SlhubError
 from slhub.recipe import CORE_KEYS, Recipe, as_recipe
 from slhub.trainer import Loop, RunContext
 
@@ -260,11 +261,23 @@ def _admit(
         return run_lock, None, None, error or _logged(plan_error)
     assert recipe is not None and plugins is not None and plan is not None
     if _complete(plan, recipe):
+        if run_lock is not None:  # rank 0: a kill may have cut the last write short
+            assert plan.checkpoint is not None and plan.path is not None
+            try:
+                finish_write(run_lock.folder, plan.checkpoint, plan.path, plan.sha256,
+                             recipe.trainer)  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - held for the agreement
+                return run_lock, None, None, _logged(exc)
         return run_lock, None, plan, None
     try:
         loop = Loop(recipe, plugins, device)
         if plan.checkpoint is not None:
-            loop.resume_from(plan.checkpoint, request.allow_dataset_change)
+            try:
+                loop.resume_from(plan.checkpoint, request.allow_dataset_change)
+            except CheckpointError as exc:  # every refusal of a checkpoint names its file
+                if plan.path is None or str(exc).startswith(str(plan.path)):
+                    raise
+                raise CheckpointError(f"{plan.path}: {exc}") from None
         loop.hook.admit(trainer=loop)  # the plugins' last word, before any artifact
     except Exception as exc:  # noqa: BLE001 - held for the agreement
         return run_lock, None, None, _logged(exc)
@@ -317,7 +330,9 @@ def _claim_or_reopen(loop: Loop, plan: ResumePlan) -> tuple[dict[str, Any], arti
     data_changes = list(loop.dataset_changes)
     in_place = ckpt is not None and artifacts.check_resume_destination(folder, ckpt.run)
     if in_place:
-        assert ckpt is not None and ckpt.run is not None
+        assert ckpt is not None and ckpt.run is not None and plan.path is not None
+        # a kill may have cut the resumed checkpoint's write short: finish it first
+        finish_write(folder, ckpt, plan.path, plan.sha256, loop.config)
         identity = ckpt.run
         if changes:  # later checkpoints carry the code that wrote them
             history = [*ckpt.run.get("source_changes", []), {"step": ckpt.step, "changes": changes}]

@@ -239,3 +239,15 @@ def one_line_naming(exc: Any, path: Path) -> str:
     assert "\n" not in message, message
     assert str(path) in message, message
     return message
+
+
+def two_update_checkpoint(folder: Path) -> Path:
+    """A real checkpoint (``last.pt``) of a two-update run of the default test recipe,
+    trained in ``folder``: what refusal tests damage or resume."""
+    from slhub import train
+
+    recipe = write_recipe(
+        folder / "r.yaml", trainer__steps=2, trainer__output_dir=str(folder / "o")
+    )
+    train(str(recipe))
+    return folder / "o" / "last.pt"

@@ -471,3 +471,55 @@ class DiesInBuild(SlDdpPlugin):
         if trainer.rank == int(os.environ.get("SLHUB_DIE_RANK", "1")):
             os._exit(3)
         return super().build_model(trainer)
+
+
+class LaunchKillPoints(SlDdpPlugin):
+    """Kill points for ``slhub launch`` tests, placed by the test (not by timing):
+
+    - ``SLHUB_SIGKILL_AT=RANK:STEP``: that rank SIGKILLs itself in update STEP's
+      on_commit, as the out-of-memory killer would;
+    - ``SLHUB_TERM_LAUNCHER_AT=STEP``: rank 0 sends SIGTERM to its launcher (its parent,
+      the elastic agent) in update STEP's on_commit;
+    - ``SLHUB_TERM_LAUNCHER_AT=done``: rank 0 sends it once every worker of the launch
+      left its done record (at the process's exit), and lingers so that the forwarded
+      signal still finds it.
+    """
+
+    @hookimpl
+    def on_commit(self, trainer, step):
+        import signal
+
+        kill = os.environ.get("SLHUB_SIGKILL_AT", "")
+        if kill and [int(word) for word in kill.split(":")] == [trainer.rank, step]:
+            os.kill(os.getpid(), signal.SIGKILL)
+        term = os.environ.get("SLHUB_TERM_LAUNCHER_AT", "")
+        if trainer.rank == 0 and term == str(step):
+            os.kill(os.getppid(), signal.SIGTERM)
+        if trainer.rank == 0 and term == "done" and step == trainer.config.steps:
+            import atexit
+
+            atexit.register(_term_launcher_after_done)
+
+
+def _term_launcher_after_done() -> None:
+    """(At exit, after ``slhub train`` returned.) SIGTERM to the launcher once this
+    node's workers all left a done record (status 0) in the launch's status folder."""
+    import json
+    import signal
+    import time
+
+    folder = Path(os.environ["SLHUB_LAUNCH_STATUS"])
+    workers = int(os.environ["LOCAL_WORLD_SIZE"])
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        codes = []
+        for path in folder.glob("[0-9]*.json"):
+            try:
+                codes.append(json.loads(path.read_text())["code"])
+            except (OSError, ValueError, KeyError):
+                pass
+        if codes.count(0) >= workers:
+            break
+        time.sleep(0.01)
+    os.kill(os.getppid(), signal.SIGTERM)
+    time.sleep(1)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import REPO, SL_DDP, cli_error, load, metrics_of, subprocess_env
+from helpers import REPO, SL_DDP, cli_error, load, metrics_of, subprocess_env, two_update_checkpoint
 from helpers import write_recipe as _write
 from slhub import cli, train
 
@@ -21,10 +21,7 @@ from slhub import cli, train
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory) -> Path:
     """A real two-update checkpoint to damage."""
-    tmp = tmp_path_factory.mktemp("ckpt")
-    recipe = _write(tmp / "r.yaml", trainer__steps=2, trainer__output_dir=str(tmp / "o"))
-    train(str(recipe))
-    return tmp / "o" / "last.pt"
+    return two_update_checkpoint(tmp_path_factory.mktemp("ckpt"))
 
 
 def _train(capsys, tmp_path: Path, *args: str, **changes) -> tuple[int, str]:
@@ -111,8 +108,8 @@ DAMAGE = {
     "model_list": "damaged v2 checkpoint (model is not a state dict of named tensors)",
     "step_string": "damaged v2 checkpoint (step is '2', expected an int >= 0)",
     "ranks_short": "damaged v2 checkpoint (ranks has 0 entries for world size 1)",
-    "pickle": "needs pickle to load: it names pathlib.PosixPath; slhub loads checkpoints with "
-    "weights_only=True",
+    "pickle": "not a weights-only checkpoint (it needs pickle to load: it names "
+    "pathlib.PosixPath); slhub loads checkpoints with torch.load(weights_only=True) only",
 }
 
 

@@ -13,7 +13,7 @@
 from slhub.checkpoint.files import BEST, LAST, load, read_bytes, step_file
 from slhub.checkpoint.manager import Boundary, CheckpointManager
 from slhub.checkpoint.resume import AUTO, ResumePlan, StartRequest, plan_resume
-from slhub.checkpoint.schema import FORMAT_V2, Checkpoint, EmaState, Retention
+from slhub.checkpoint.schema import FORMAT_V2, Checkpoint, EmaState, Intent, Retention
 
 __all__ = [
     "AUTO",
@@ -24,6 +24,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointManager",
     "EmaState",
+    "Intent",
     "ResumePlan",
     "Retention",
     "StartRequest",

@@ -114,8 +114,45 @@ def from_bytes(data: bytes, path: str | Path) -> Checkpoint:
     except MemoryError:
         raise
     except Exception as exc:  # noqa: BLE001 - torch.load fails in many ways on foreign bytes
+        pickled = _needs_pickle(exc)
+        if pickled is not None:
+            raise CheckpointError(_not_weights_only(path, pickled)) from None
         raise CheckpointError(f"{path}: damaged or not a checkpoint ({_reason(exc)})") from None
     return Checkpoint.from_dict(loaded, path)
+
+
+def _needs_pickle(exc: BaseException) -> str | None:
+    """What a weights-only load refused to unpickle (``it names argparse.Namespace``),
+    or None when ``exc`` is another failure."""
+    text = " ".join(str(exc).split())
+    marker = "WeightsUnpickler error:"
+    if marker not in text:
+        return None
+    detail = text.split(marker, 1)[1].strip()
+    found = re.search(r"Unsupported global: GLOBAL (\S+)", detail)
+    if found:
+        return f"it names {found.group(1)}"
+    return one_line(CheckpointError(detail.split(". ", 1)[0].rstrip(".")), limit=120)
+
+
+def _not_weights_only(path: str | Path, pickled: str) -> str:
+    """slhub's one line for a checkpoint that only a pickle load reads, with how to turn
+    a trusted one into a v1 checkpoint of its model weights (what ``slhub export``,
+    ``slhub inspect`` and a resume into a fresh directory read)."""
+    converted = Path(path).with_suffix(".weights.pt")
+    snippet = (
+        f"import torch; c = torch.load({str(path)!r}, weights_only=False); "
+        "m = c.state_dict() if hasattr(c, 'state_dict') else c['model']; "
+        "torch.save({'step': c.get('step', 0) if isinstance(c, dict) else 0, "
+        "'model': dict(m), 'optimizer': {}, 'rng': {}}, "
+        f"{str(converted)!r})"
+    )
+    return (
+        f"{path}: not a weights-only checkpoint (it needs pickle to load: {pickled}); slhub "
+        "loads checkpoints with torch.load(weights_only=True) only, since unpickling can run "
+        "any code. If you trust the file, save its model weights as a checkpoint slhub "
+        f'reads: python -c "{snippet}"'
+    )
 
 
 def _damaged_record(buffer: io.BytesIO) -> str | None:

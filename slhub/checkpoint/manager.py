@@ -16,6 +16,17 @@ whose validation was best so far is ``best.pt`` (one write, hard-linked to the
 boundary's other names). What the policies did is part of every checkpoint
 (:class:`~slhub.checkpoint.schema.Retention`), so a resumed run keeps, deletes
 and picks exactly what the uninterrupted run would.
+
+Retention is crash-consistent: a kill at any moment ends, after the next run
+(in place, or ``--resume auto``), with the uninterrupted run's ``best.pt``,
+run.json ``best`` and checkpoint files. Every write records its own intent, the
+names it gets and the ``step_N.pt`` it removes
+(:class:`~slhub.checkpoint.schema.Intent`), and its first name is ``last.pt``.
+So a kill before that rename leaves none of the write in place (the resume from
+the previous ``last.pt`` redoes the whole boundary), and a kill after it leaves
+undone only the rest of the write ``last.pt`` holds: the other names, the
+removals and run.json's ``best``, which :func:`finish_write` completes from that
+file before the resume trains, each step idempotent.
 """
 
 from __future__ import annotations
@@ -30,16 +41,18 @@ import torch
 
 import slhub.checkpoint.files as files
 from slhub import log
-from slhub.artifacts import MetricsLog, record_best
+from slhub.artifacts import MetricsLog, read_identity, record_best
 from slhub.checkpoint.gather import gather_rank_states, snapshot
 from slhub.checkpoint.schema import (
     Checkpoint,
     EmaState,
+    Intent,
     Retention,
     check_fits,
     check_state_loadable,
 )
 from slhub.errors import (
+    ArtifactError,
     CheckpointError,
     DatasetError,
     PluginError,
@@ -47,6 +60,7 @@ from slhub.errors import (
     one_line,
     raised_by,
 )
+from slhub.paths import path_errors, real_path
 from slhub.recipe import TrainerConfig
 
 LOG = log.get_logger()
@@ -185,7 +199,7 @@ class CheckpointManager:
             names = [files.LAST, files.BEST, *names[1:]]
         if not names:
             return
-        self._write(names, retention)
+        self._write(names, retention, purge)
         self.retention = retention
         for old in purge:  # only now: the newer checkpoint is durable
             (self.output_dir / files.step_file(old)).unlink(missing_ok=True)
@@ -215,7 +229,7 @@ class CheckpointManager:
         LOG.info("checkpoint", file=name)
         return self.output_dir / name
 
-    def _write(self, names: list[str], retention: Retention) -> None:
+    def _write(self, names: list[str], retention: Retention, removes: tuple[int, ...] = ()) -> None:
         if self._committed is None:
             raise SlhubError(f"no committed state to write to {names[-1]}: a rank failed to gather")
         assert self.identity is not None
@@ -235,6 +249,7 @@ class CheckpointManager:
             ranks=ranks,
             retention=retention,
             ema=EmaState(ema.step, ema.weights) if ema is not None else None,
+            intent=Intent(tuple(names), removes),
         )
         # last.pt first: it is what --resume auto continues from, so a kill between the
         # names must not leave step_N.pt without a last.pt (nor last.pt behind it)
@@ -292,6 +307,67 @@ class CheckpointManager:
             )
         self.retention = ckpt.retention
         return changes
+
+
+def finish_write(
+    folder: Path, ckpt: Checkpoint, path: str | Path, sha256: str | None, config: TrainerConfig
+) -> list[str]:
+    """Rank 0, holding the run directory's lock, before a run resumed in place trains (or
+    a requeue of a finished run exits): finish the newest checkpoint's write where a
+    kill cut it short, as the uninterrupted write would have ended.
+
+    Only a resume from the directory's own ``last.pt`` (read as ``sha256``) does
+    anything: ``last.pt`` is the first name of every write, so a kill can leave undone
+    only the rest of the write ``last.pt`` holds, never of an older one, and that file
+    records what the rest is (:class:`~slhub.checkpoint.schema.Intent`). Its other names
+    that do not hold it get its bytes (``best.pt`` at a new best, ``step_N.pt``), the
+    files it removes are removed, and run.json's ``best`` is set to its retention's best.
+    Every step is idempotent: a kill in here is finished by the next resume. Returns
+    what it did, in words (nothing when the write was whole).
+    """
+    last = files.last_path(folder)
+    if ckpt.version != 2 or sha256 is None or real_path(path) != real_path(last):
+        return []
+    with path_errors(folder, ArtifactError, "cannot finish the interrupted checkpoint write"):
+        identity = read_identity(folder)
+        if identity is None or identity.get("run_id") != ckpt.run_id:
+            return []
+        if files.sha256_file(last) != sha256:  # replaced since it was read: not this write
+            return []
+        done = []
+        stale = [name for name in ckpt.intent.names if name != files.LAST and not _holds(
+            folder / name, last, sha256)]  # fmt: skip
+        if stale:
+            files.write(files.read_bytes(last), *(folder / name for name in stale))
+            done.append(f"wrote {','.join(stale)}")
+        removed = [files.step_file(s) for s in ckpt.intent.removes]
+        removed = [name for name in removed if (folder / name).exists()]
+        for name in removed:
+            (folder / name).unlink(missing_ok=True)
+        if removed:
+            done.append(f"removed {','.join(removed)}")
+        retention = ckpt.retention
+        if config.best is not None and retention.best_step is not None:
+            best = {"step": retention.best_step, "metric": config.best.metric,
+                    "value": retention.best_value, "file": files.BEST}  # fmt: skip
+            if identity.get("best") != best:
+                record_best(folder, best)
+                done.append(f"recorded best update {retention.best_step} in run.json")
+    if done:
+        LOG.warning("finished the checkpoint write a kill interrupted", step=ckpt.step,
+                    done="; ".join(done))  # fmt: skip
+    return done
+
+
+def _holds(name: Path, last: Path, sha256: str) -> bool:
+    """Whether file ``name`` holds the checkpoint ``last`` does (its hard link, or a copy
+    where the file system has no hard links)."""
+    try:
+        if name.samefile(last):
+            return True
+    except FileNotFoundError:
+        return False
+    return files.sha256_file(name) == sha256
 
 
 def _check_ema(ckpt: Checkpoint, averaging: bool) -> None:

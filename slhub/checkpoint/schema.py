@@ -3,9 +3,11 @@
 v2 (written by slhub): ``format``, ``step``, ``run``, ``model``, ``optimizer``,
 ``scheduler`` (``schedule`` and ``scaler`` state), ``ranks`` (one entry per global
 rank), ``retention`` (the files ``trainer.keep_last`` keeps and the best validation
-so far; absent in older files, read as empty) and, only in a run whose recipe has an
-``ema`` section, ``ema`` (the averaged parameters and the number of updates they
-hold: :class:`EmaState`).
+so far; absent in older files, read as empty), ``intent`` (what writing this file
+does to its run directory, for a resume to finish after a kill: :class:`Intent`;
+absent in older files, read as nothing to finish) and, only in a run whose recipe
+has an ``ema`` section, ``ema`` (the averaged parameters and the number of updates
+they hold: :class:`EmaState`).
 v1 (single-device layout, before run identities): ``step``, ``model``,
 ``optimizer``, ``rng`` and no ``format``; read for export and for a resume into
 a fresh destination only.
@@ -33,7 +35,7 @@ FORMAT_V1 = "slhub.checkpoint/1"
 V1_KEYS = frozenset({"step", "model", "optimizer", "rng"})
 V2_KEYS = frozenset({"format", "step", "run", "model", "optimizer", "scheduler", "ranks"})
 #: v2 keys a file written before them may lack.
-V2_OPTIONAL = frozenset({"retention", "ema"})
+V2_OPTIONAL = frozenset({"retention", "intent", "ema"})
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,44 @@ class Retention:
             data["best_value"],
             data.get("unscheduled"),
         )
+
+
+@dataclass(frozen=True)
+class Intent:
+    """What writing a checkpoint does to its run directory: the ``names`` it is written
+    under (``last.pt`` first) and the ``step_N.pt`` files, by update, it ``removes`` once
+    it is durable (``trainer.keep_last``). The file records it because ``last.pt`` is
+    its first name: a kill after that rename leaves the rest undone, and the resume
+    from ``last.pt`` finishes it (:func:`slhub.checkpoint.manager.finish_write`).
+
+    Not training state: a boundary's names differ between a stopped run and the one
+    never stopped, so :data:`slhub.testing.STATE_FIELDS` leaves it out."""
+
+    names: tuple[str, ...] = ()
+    removes: tuple[int, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"names": list(self.names), "removes": list(self.removes)}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Intent:
+        """The intent a file records; ValueError for names that are not plain file names
+        in the run directory (a resume writes them) or updates that are not ints >= 0."""
+        if data is None:
+            return cls()
+        names, removes = data["names"], data["removes"]
+        if not isinstance(names, (list, tuple)) or not isinstance(removes, (list, tuple)):
+            raise TypeError("intent")
+        if not all(isinstance(n, str) and _plain_name(n) for n in names):
+            raise ValueError("names")
+        if not all(type(s) is int and s >= 0 for s in removes):
+            raise ValueError("removes")
+        return cls(tuple(names), tuple(removes))
+
+
+def _plain_name(name: str) -> bool:
+    """A file name directly in the run directory: no separator, not hidden (``..``)."""
+    return bool(name) and not name.startswith(".") and not any(c in name for c in "/\\\0")
 
 
 @dataclass(frozen=True)
@@ -108,6 +148,8 @@ class Checkpoint:
     retention: Retention = field(default_factory=Retention)
     #: The moving average (None: the run keeps none).
     ema: EmaState | None = None
+    #: What writing this file does to its run directory (not training state).
+    intent: Intent = field(default_factory=Intent)
     version: int = 2
 
     @property
@@ -171,6 +213,7 @@ class Checkpoint:
             "scheduler": {"schedule": self.schedule, "scaler": self.scaler},
             "ranks": self.ranks,
             "retention": self.retention.to_dict(),
+            "intent": self.intent.to_dict(),
         }
         if self.ema is not None:  # a run without EMA writes what it wrote before EMA existed
             data["ema"] = self.ema.to_dict()
@@ -203,6 +246,10 @@ class Checkpoint:
             retention = Retention.from_dict(data.get("retention"))
         except (KeyError, TypeError, ValueError):
             raise CheckpointError(f"{path}: damaged v2 checkpoint (retention)") from None
+        try:
+            intent = Intent.from_dict(data.get("intent"))
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointError(f"{path}: damaged v2 checkpoint (intent)") from None
         return cls(
             step=int(data["step"]),
             model=data["model"],
@@ -213,6 +260,7 @@ class Checkpoint:
             scaler=scheduler.get("scaler"),
             retention=retention,
             ema=EmaState.from_dict(data.get("ema")),
+            intent=intent,
         )
 
 

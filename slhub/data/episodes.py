@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from slhub.data.temporary import refuse_temporary
 from slhub.errors import DatasetError, one_line
 
 #: Entry-point group mapping a format name to its :class:`EpisodeDataset` subclass.
@@ -207,16 +208,17 @@ def open_dataset(path: str | Path, format: str = AUTO) -> EpisodeDataset:  # noq
 
     :raises DatasetError: no such path, an unknown or undetectable format, a reader
         whose library is missing (naming the extra to install), or a file the reader
-        cannot read.
+        cannot read; a path named like a writer's temporary (``.NAME.tmp-PID``).
     """
     path = Path(path)
     if not path.exists():
         raise DatasetError(f"{path}: no such dataset file or directory")
+    refuse_temporary(path)  # a writer's .NAME.tmp-PID: an unfinished write, not data
     known = readers()
     if format == AUTO:
         matches = [name for name, reader in sorted(known.items()) if _detects(reader, path)]
         if not matches:
-            from slhub.data.readers.robomimic import refuse_damaged_hdf5
+            from slhub.data.hdf5_file import refuse_damaged_hdf5
 
             refuse_damaged_hdf5(path)  # named as damaged, not as of an unknown format
             raise DatasetError(

@@ -41,7 +41,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from slhub.data.cache import cached_arrays
-from slhub.data.episodes import AUTO, EpisodeDataset, open_dataset, refuse_short_episodes
+from slhub.data.episodes import AUTO, EpisodeDataset, Feature, open_dataset, refuse_short_episodes
 from slhub.data.identity import Split, fingerprint, split_episodes
 from slhub.data.statistics import feature_statistics
 from slhub.data.stream import WindowStream
@@ -435,7 +435,6 @@ def _layout(dataset: EpisodeDataset, role: str, chosen: tuple[str, ...], spec: R
                 f"got {shapes}"
             )
         return RoleLayout(role, chosen, chosen, image=True, shape=tuple(features[0].shape))
-    per_feature: list[list[str]] = []
     for name, feature in zip(chosen, features):
         if feature.is_image or len(feature.shape) > 1:
             raise DatasetError(
@@ -447,20 +446,32 @@ def _layout(dataset: EpisodeDataset, role: str, chosen: tuple[str, ...], spec: R
                 f"{dataset.path}: {for_what}: feature {name} has dtype {feature.dtype}, "
                 "not a number"
             )
+    return RoleLayout(role, chosen, component_names(dict(zip(chosen, features))))
+
+
+def component_names(features: Mapping[str, Feature]) -> tuple[str, ...]:
+    """The names of the components that ``features`` (in order) fill a role with: the
+    format's names, else ``feature[i]``; a scalar is its feature's name; components that
+    two features name alike (qpos and qvel both name their joints) become
+    ``feature.name``. A feature of more than one axis is one ``feature [shape]`` entry."""
+    per_feature: list[list[str]] = []
+    for name, feature in features.items():
         if not feature.shape:
             per_feature.append([name])
+        elif len(feature.shape) > 1:
+            per_feature.append([f"{name} {list(feature.shape)}"])
         elif feature.names and len(feature.names) == feature.shape[0]:
             per_feature.append(list(feature.names))
         else:
             per_feature.append([f"{name}[{i}]" for i in range(feature.shape[0])])
     names = [n for part in per_feature for n in part]
-    if len(set(names)) != len(names):  # qpos and qvel both name their joints
+    if len(set(names)) != len(names):
         names = [
             n if n.startswith(f"{feature}[") or n == feature else f"{feature}.{n}"
-            for feature, part in zip(chosen, per_feature)
+            for feature, part in zip(features, per_feature)
             for n in part
         ]
-    return RoleLayout(role, chosen, tuple(names))
+    return tuple(names)
 
 
 def _as_vectors(values: np.ndarray) -> np.ndarray:

@@ -15,7 +15,8 @@ a window reads only its own steps. Feature names (``observation.state``,
 ``obs/qpos``) map to numbered files in ``meta.json``, never to paths.
 
 :func:`write_store` builds the store under a temporary name and renames it into
-place: a killed convert leaves no half dataset.
+place: a killed convert leaves no half dataset, and the next write of the same
+destination removes the temporary a SIGKILL left (:mod:`slhub.data.temporary`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from slhub.data.episodes import EpisodeDataset, Feature
+from slhub.data.temporary import finish_building, remove_stale, start_building
 from slhub.errors import DatasetError
 
 FORMAT = "slhub.dataset/1"
@@ -48,7 +50,8 @@ class StoreDataset(EpisodeDataset):
     def detect(cls, path: Path) -> bool:
         meta = path / META
         if not meta.is_file():
-            return False
+            # a store without its meta.json (written last): open says what is missing
+            return not (path / META).exists() and (path / ENDS).is_file()
         try:
             return json.loads(meta.read_text(encoding="utf-8")).get("format") == FORMAT
         except (OSError, ValueError, AttributeError):
@@ -56,6 +59,11 @@ class StoreDataset(EpisodeDataset):
 
     @classmethod
     def open(cls, path: Path) -> StoreDataset:
+        if not (path / META).exists() and (path / ENDS).is_file():
+            raise DatasetError(
+                f"{path}: not a complete slhub dataset store: {META} is missing (a write "
+                "that did not finish?)"
+            )
         try:
             meta = json.loads((path / META).read_text(encoding="utf-8"))
             ends = np.load(path / ENDS)
@@ -152,18 +160,16 @@ def write_store(
     """
     destination = Path(destination)
     if destination.exists():
+        remove_stale(destination)
         raise DatasetError(f"{destination}: exists; convert writes a new directory")
     if source.num_episodes == 0:
         raise DatasetError(f"{source.path}: holds no episodes")
     parent = destination.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    building = parent / f".{destination.name}.tmp-{os.getpid()}"
-    shutil.rmtree(building, ignore_errors=True)
-    building.mkdir()
+    building = start_building(destination)  # a dead writer's .DST.tmp-PID goes first
     try:
         _fill(source, building, progress, provenance, source.fps if fps is None else fps)
         try:
-            os.replace(building, destination)
+            finish_building(building, destination)
         except OSError:
             if not destination.is_dir():
                 raise

@@ -40,7 +40,7 @@ from slhub.errors import (
     SlhubError,
     one_line,
 )
-from slhub.export import load, read_manifest, require_onnx
+from slhub.export import load, manifest_json, read_manifest, require_onnx
 from slhub.paths import path_errors, user_path
 
 
@@ -117,7 +117,7 @@ def _record_ema_weights(exported: Exported, ckpt: checkpoint.Checkpoint) -> None
     assert ckpt.ema is not None
     # its own key: an exporter's "weights" names its weights file (NeRD's, BC's, RWM's)
     manifest["averaged_weights"] = {"updates": ckpt.ema.step, "ema": ckpt.recipe.get("ema")}
-    atomic_write(json.dumps(manifest, indent=2) + "\n", manifest_path)
+    atomic_write(manifest_json(manifest), manifest_path)
 
 
 def _write_onnx(exported: Exported) -> None:

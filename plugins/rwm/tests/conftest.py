@@ -17,15 +17,6 @@ REPO = Path(__file__).resolve().parents[3]
 DATASETS = REPO / "tests" / "data" / "datasets"
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _user_cache(tmp_path_factory):
-    """slhub's user cache (``$XDG_CACHE_HOME/slhub``: statistics, dataset digests) is one
-    folder of this session's: never the real user's ~/.cache."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
-        yield
-
-
 @pytest.fixture
 def make_trainer():
     """``make_trainer(section, data, batch_size=8, seed=0)``: what the plugin's hooks

@@ -13,7 +13,6 @@ byte-identical files; provenance (run id, step, checkpoint digest) lives in
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from torch import nn
 from slhub import ExportError, one_line
 from slhub.builtin.nerd.export_names import EXPORT_FORMAT, KIND, MANIFEST, WEIGHTS
 from slhub.builtin.nerd.model import ARCH_KEY, STAT_KEYS, NerdArch, NerdModel, dtype_name
-from slhub.export import atomic_write
+from slhub.export import atomic_write, export_file, manifest_json
 
 
 def write_export(model: NerdModel, out_dir: Path, provenance: dict[str, Any]) -> Path:
@@ -68,7 +67,7 @@ def write_export(model: NerdModel, out_dir: Path, provenance: dict[str, Any]) ->
     data = save(tensors, metadata={"slhub_export": f"{EXPORT_FORMAT} {KIND}"})
     atomic_write(data, out_dir / WEIGHTS)
     try:
-        atomic_write(json.dumps(manifest, indent=2) + "\n", out_dir / MANIFEST)
+        atomic_write(manifest_json(manifest), out_dir / MANIFEST)
     except BaseException:
         (out_dir / WEIGHTS).unlink(missing_ok=True)
         raise
@@ -326,15 +325,16 @@ class NerdSimulator:
 def load_export(directory: Path, manifest: dict[str, Any]) -> NerdPredictor:
     """Rebuild the predictor of a NeRD export.
 
-    The manifest's ``weights`` must name a file inside ``directory`` (no ``..``, no
-    absolute path, no symlink out of it), and the weights must fit the architecture
-    their ``nerd_arch`` buffer describes, which is checked on shapes alone before
-    any memory is given to the model (a damaged buffer could ask for terabytes).
+    The manifest's ``weights`` must name a regular file inside ``directory``
+    (:func:`slhub.export.export_file`: no ``..``, no absolute path, no symlink out of
+    it, no FIFO), and the weights must fit the architecture their ``nerd_arch``
+    buffer describes, which is checked on shapes alone before any memory is given to
+    the model (a damaged buffer could ask for terabytes).
 
     :raises slhub.ExportError: (a ``ValueError``) for a weights path outside the
         export, and for missing, unreadable, damaged or inconsistent weights.
     """
-    weights = _weights_path(directory, manifest.get("weights", WEIGHTS))
+    weights = export_file(Path(directory), manifest.get("weights", WEIGHTS))
     try:
         state = load_file(str(weights))
     except Exception as exc:  # noqa: BLE001 - safetensors' errors share no base class
@@ -362,35 +362,6 @@ def load_export(directory: Path, manifest: dict[str, Any]) -> NerdPredictor:
                 f"{weights.name} holds {value!r}"
             )
     return NerdPredictor(model, manifest)
-
-
-def _weights_path(directory: Path, name: Any) -> Path:
-    """The weights file a manifest names, which must lie inside the export directory.
-
-    A manifest is data: ``../x``, an absolute path or a symlink leading out of the
-    directory would make loading an export read a file the export does not hold.
-    """
-    where = f"{directory / MANIFEST}: weights"
-    if not isinstance(name, str) or not name:
-        raise ExportError(f"{where} must be a file name inside the export, got {name!r}")
-    relative = Path(name)
-    if relative.is_absolute() or ".." in relative.parts or "\0" in name:
-        raise ExportError(
-            f"{where} {name!r} leaves the export directory; it must name a file inside it"
-        )
-    path = directory / relative
-    try:
-        inside = path.resolve().is_relative_to(directory.resolve())
-        is_file = path.is_file()
-    except (OSError, RuntimeError) as exc:  # a symlink loop, a name too long
-        raise ExportError(f"{where} {name!r} cannot be opened ({one_line(exc)})") from None
-    if not inside:
-        raise ExportError(
-            f"{where} {name!r} is a symlink that leaves the export directory; refused"
-        )
-    if not is_file:
-        raise ExportError(f"{directory} has no {name}")
-    return path
 
 
 def _check_shapes(state: dict[str, torch.Tensor]) -> None:

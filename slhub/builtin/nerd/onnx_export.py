@@ -37,7 +37,7 @@ from torch import nn
 from slhub import ExportError, one_line
 from slhub.builtin.nerd.export_names import EXPORT_FORMAT, KIND, MANIFEST
 from slhub.builtin.nerd.model import NerdModel, dtype_name
-from slhub.export import atomic_write, read_manifest, require_onnx
+from slhub.export import atomic_write, manifest_json, read_manifest, require_onnx
 
 ONNX_FILE = "model.onnx"
 INPUT = "tokens"
@@ -107,7 +107,7 @@ def write_onnx(model: NerdModel, directory: Path) -> dict[str, Any]:
     }
     atomic_write(data, directory / ONNX_FILE)
     try:
-        atomic_write(json.dumps(manifest, indent=2) + "\n", directory / MANIFEST)
+        atomic_write(manifest_json(manifest), directory / MANIFEST)
     except BaseException:
         (directory / ONNX_FILE).unlink(missing_ok=True)
         raise

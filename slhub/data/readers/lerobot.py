@@ -91,6 +91,16 @@ def _feature(spec: dict[str, Any]) -> tuple[Feature, str] | None:
     return Feature(shape, str(kind), _names(spec, shape)), "vector"
 
 
+def _required_stats(version: str) -> str:
+    """The statistics file every LeRobot dataset of ``version`` holds, written last by
+    LeRobot's writers and slhub's: v2.1 and later v2.x ``meta/episodes_stats.jsonl``,
+    v2.0 and v3.x ``meta/stats.json``. Without it a dataset is unfinished."""
+    major, _, rest = version.lstrip("v").partition(".")
+    minor = rest.partition(".")[0]
+    later_v2 = major == "2" and minor.isdigit() and int(minor) >= 1
+    return "meta/episodes_stats.jsonl" if later_v2 else "meta/stats.json"
+
+
 def _splits(info: dict[str, Any], positions: dict[int, int]) -> dict[str, tuple[int, ...]]:
     """info.json's ``splits`` (``"start:stop"`` episode indices) as episode positions."""
     out: dict[str, tuple[int, ...]] = {}
@@ -223,6 +233,12 @@ class LeRobotDataset(EpisodeDataset):
             specs = dict(info["features"])
         if not version.startswith(("v2", "v3")):
             raise DatasetError(f"{info_file}: unsupported LeRobot codebase_version {version!r}")
+        required = _required_stats(version)
+        if not (path / required).is_file():
+            raise DatasetError(
+                f"{path}: not a complete LeRobot {version} dataset: {required} is missing (a "
+                "convert or recording that did not finish?)"
+            )
         ds = cls(path, fps=fps, version=version)
         for name, spec in specs.items():
             found = _feature(spec)

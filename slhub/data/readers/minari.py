@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from slhub.data.episodes import EpisodeDataset, Feature, missing_library
-from slhub.data.readers.robomimic import damaged_hdf5
+from slhub.data.hdf5_file import damaged_hdf5
 from slhub.errors import DatasetError, one_line
 
 HDF5_FILE = "main_data.hdf5"

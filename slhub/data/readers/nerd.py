@@ -23,7 +23,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from slhub.data.episodes import Feature
-from slhub.data.readers.robomimic import Hdf5Dataset, probe_hdf5, text_attr
+from slhub.data.hdf5_file import probe_hdf5
+from slhub.data.readers.robomimic import Hdf5Dataset, text_attr
 from slhub.errors import DatasetError
 
 TRAJECTORY = "trajectory"

@@ -35,14 +35,14 @@ at 64 x 64 would smear the colours of thin parts) at :data:`CRF`, a keyframe eve
 B-frames, so decoded times are the frames' own. Every step goes to one data file and
 one video per image feature, however large (LeRobot splits at
 ``data_files_size_in_mb``; its readers take one file as well). The files are written
-under a temporary name and renamed into place, and the same source gives the same
-bytes.
+under a temporary name and renamed into place (the next write of the same destination
+removes one a SIGKILL left: :mod:`slhub.data.temporary`), and the same source gives the
+same bytes.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Callable
 from fractions import Fraction
@@ -53,6 +53,7 @@ import numpy as np
 
 from slhub.data.episodes import EpisodeDataset, Feature
 from slhub.data.statistics import feature_statistics
+from slhub.data.temporary import finish_building, remove_stale, start_building
 from slhub.errors import DatasetError
 
 #: LeRobot's codebase version this writer follows.
@@ -94,6 +95,7 @@ def write_lerobot(
     destination = Path(destination)
     rate = control_rate(source, fps, "fps=")
     if destination.exists():
+        remove_stale(destination)
         raise DatasetError(f"{destination}: exists; convert writes a new directory")
     if source.num_episodes == 0:
         raise DatasetError(f"{source.path}: holds no episodes")
@@ -104,15 +106,11 @@ def write_lerobot(
                 f"{source.path}: image feature {name!r} has {spec.shape[2]} channels; the "
                 "LeRobot writer encodes RGB video only"
             )
-    parent = destination.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    building = parent / f".{destination.name}.tmp-{os.getpid()}"
-    shutil.rmtree(building, ignore_errors=True)
-    building.mkdir()
+    building = start_building(destination)  # a dead writer's .DST.tmp-PID goes first
     try:
         _fill(source, features, building, rate, task, crf, progress)
         try:
-            os.replace(building, destination)
+            finish_building(building, destination)
         except OSError:
             if not destination.is_dir():
                 raise

@@ -14,15 +14,14 @@ predictions into actions exactly as training did. :func:`load_export` (the entry
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save
-from slhub import CheckpointError, ExportError
-from slhub.export import atomic_write
+from slhub import CheckpointError, ExportError, one_line
+from slhub.export import atomic_write, export_file, manifest_json
 
 from slhub_bc.model import Policy, StatePolicy, VisualPolicy
 
@@ -77,7 +76,7 @@ def export_checkpoint(checkpoint: Any, checkpoint_path: Path, out_dir: Path) -> 
         save(tensors, metadata={"slhub_export": f"{EXPORT_FORMAT} {KIND}"}), out_dir / WEIGHTS
     )
     try:
-        atomic_write(json.dumps(manifest, indent=2) + "\n", out_dir / MANIFEST)
+        atomic_write(manifest_json(manifest), out_dir / MANIFEST)
     except BaseException:
         (out_dir / WEIGHTS).unlink(missing_ok=True)
         raise
@@ -87,12 +86,14 @@ def export_checkpoint(checkpoint: Any, checkpoint_path: Path, out_dir: Path) -> 
 def load_export(directory: str | Path, manifest: dict[str, Any]) -> Policy:
     """The exported policy (eval mode), from ``model.safetensors`` and its manifest."""
     directory = Path(directory)
+    # inside the export, a regular file: never ../x, an absolute path, a symlink out, a FIFO
+    weights = export_file(directory, manifest.get("weights", WEIGHTS))
     try:
-        state = load_file(directory / manifest.get("weights", WEIGHTS))
+        state = load_file(weights)
         model = _build(manifest, state)
         model.load_state_dict(state)
-    except (OSError, RuntimeError, KeyError, ValueError) as exc:
-        raise ExportError(f"{directory}: not a readable BC export ({exc})") from None
+    except Exception as exc:  # noqa: BLE001 - safetensors' own error, a damaged manifest
+        raise ExportError(f"{directory}: not a readable BC export ({one_line(exc)})") from None
     model.features = manifest.get("features", {})  # type: ignore[assignment]
     return model.eval().requires_grad_(False)
 

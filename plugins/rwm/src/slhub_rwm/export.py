@@ -12,13 +12,12 @@ eval mode.
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
 from safetensors.torch import load_file, save
 from slhub import CheckpointError, ExportError, one_line
-from slhub.export import atomic_write
+from slhub.export import atomic_write, export_file, manifest_json
 
 from slhub_rwm.model import LAYOUT_KEY, STAT_KEYS, WorldModel
 
@@ -61,7 +60,7 @@ def export_checkpoint(checkpoint: Any, checkpoint_path: Path, out_dir: Path) -> 
     atomic_write(save(tensors, metadata={"slhub_export": f"{EXPORT_FORMAT} {KIND}"}),
                  out_dir / WEIGHTS)  # fmt: skip
     try:
-        atomic_write(json.dumps(manifest, indent=2) + "\n", out_dir / MANIFEST)
+        atomic_write(manifest_json(manifest), out_dir / MANIFEST)
     except BaseException:
         (out_dir / WEIGHTS).unlink(missing_ok=True)
         raise
@@ -70,7 +69,8 @@ def export_checkpoint(checkpoint: Any, checkpoint_path: Path, out_dir: Path) -> 
 
 def load_export(directory: Path, manifest: dict[str, Any]) -> WorldModel:
     """The exported :class:`WorldModel`, in eval mode (the ``rwm`` export loader)."""
-    path = Path(directory) / str(manifest.get("weights", WEIGHTS))
+    # inside the export, a regular file: never ../x, an absolute path, a symlink out, a FIFO
+    path = export_file(Path(directory), manifest.get("weights", WEIGHTS))
     try:
         model = WorldModel.from_state_dict(load_file(path))
     except Exception as exc:  # safetensors' own error, a damaged layout, a missing file
