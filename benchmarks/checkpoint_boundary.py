@@ -14,7 +14,7 @@ it times alternately, ``--repeats`` times each:
 - **bare**: the same checkpoint object (the one slhub wrote last) serialized
   with ``torch.save`` into a ``BytesIO`` and the bytes written durably to two
   files, each on its own (temporary, fsync, rename, directory fsync),
-  metrics.jsonl fsynced: the issue's yardstick.
+  metrics.jsonl fsynced: the yardstick.
 - **bare, one write**: the same, but written as slhub writes them: once
   (temporary, fsync), ``last.pt`` a hard link, one directory fsync. slhub
   against this one is the framework's own cost at a boundary.

@@ -43,7 +43,7 @@ sys.exit(main(sys.argv[4:]))
 
 #: Each kill: the command (DST is ``{out}/data``), where it dies, and whether after the
 #: real call. A convert to slhub's store dies with the store full but not renamed; one to
-#: LeRobot after info.json, before meta/stats.json (the issue's temporary); a collect
+#: LeRobot after info.json, before meta/stats.json (a temporary LeRobot directory); a collect
 #: before writing anything into its temporary.
 KILLS = {
     "convert-slhub": (["data", "convert", str(ZARR), "{out}/data", "--fps", "125"],
@@ -121,7 +121,7 @@ def test_a_killed_convert_leaves_a_temporary_that_the_next_convert_removes(
     assert names(out) == [stale.name] and stale.is_dir() and not alive(pid)
     assert (stale / "meta/info.json").is_file() == (case == "convert-lerobot")
     if missing is not None:
-        assert not (stale / missing).exists()  # the temporary LeRobot directory
+        assert not (stale / missing).exists()  # the temporary LeRobot directory
 
     for command in ("info", "check"):
         line = refusal(capsys, ["data", command, str(stale)])

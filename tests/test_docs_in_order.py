@@ -433,8 +433,8 @@ class Files:
 
 
 MAIN_JOB_DOC = "README.md"
-#: README's main job, which every page may build on (issue 24: "README's two commands
-#: as written, then every doc command in order").
+#: README's main job, which every page may build on (README's two commands as written,
+#: then every doc command in order).
 MAIN_JOB = "outputs/sl_ddp_cpu"
 
 
@@ -798,8 +798,11 @@ def test_help_lists_only_the_exit_statuses_a_command_can_return():
         assert ("128+N" in epilog) == (name == "train"), name
 
 
-def test_the_checker_refuses_what_the_newcomer_hit(tmp_path: Path):
-    """Each failure issue 24 reports, as a page would print it, is caught."""
+def test_the_checker_refuses_what_a_reader_would_hit(tmp_path: Path):
+    """Each way a page's commands can fail a reader who follows them in order (a
+    reused output directory, a resume with nothing to train, a destination git does not
+    ignore, a missing checkpoint, an unknown key, another world size, a run restated in
+    other words), as a page would print it, is caught."""
     main = "OMP_NUM_THREADS=1 torchrun --standalone --nnodes=1 --nproc-per-node=2 -m slhub"
     cpu = "train --config examples/sl_ddp/cpu.yaml"
     one = "python -m slhub train --config examples/sl_ddp/cpu.yaml"
@@ -1012,7 +1015,7 @@ def test_every_doc_command_runs_for_real_on_a_fresh_copy(tmp_path: Path):
             assert done.returncode == expected, (command.key, done.stderr[-2000:])
 
 
-# --- published figures (issue 24, item 5) -------------------------------------------
+# --- published figures ----------------------------------------------------------------
 
 
 def _sl_ddp_figures() -> dict[str, dict[int, float]]:

@@ -371,7 +371,7 @@ def test_export_without_ema_is_unchanged(tmp_path: Path):
 
 def test_a_nerd_export_of_an_ema_run_loads_and_predicts_with_the_average(tmp_path: Path):
     """The record of the average has its own key: NeRD's manifest names its weights file
-    under ``weights``, which the record once replaced (the export no longer loaded)."""
+    under ``weights``, which the record must not replace (the export would not load)."""
     from slhub.export import load
 
     recipe = write_recipe(

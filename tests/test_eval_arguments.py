@@ -135,7 +135,7 @@ def test_eval_help_says_what_it_refuses(capsys):
 
 
 def test_a_policy_refuses_bad_numbers_and_videos_in_one_line(root, tmp_path, capsys):
-    """BC validates ``validation.env`` with pydantic: its refusals used to be tracebacks."""
+    """BC validates ``validation.env`` with pydantic: its refusals are one line, not tracebacks."""
     pytest.importorskip("slhub_bc")
     import yaml
 

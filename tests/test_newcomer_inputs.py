@@ -1,6 +1,6 @@
-"""The last bad inputs a newcomer or an adversary hit (issue 24, item 8): each is one line,
-exit 2 (or the documented status), and leaves no artifact behind; or, where the input is
-good (a YAML merge key, ``~`` in a path), it works as the user meant."""
+"""Bad inputs a user may give (a recipe, a path, a plugin's values): each is refused in
+one line, exit 2 (or the documented status), and leaves no artifact behind; or, where the
+input is good (a YAML merge key, ``~`` in a path), it works as the user meant."""
 
 from __future__ import annotations
 

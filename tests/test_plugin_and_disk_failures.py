@@ -1,4 +1,4 @@
-"""Issue 24, item 8, the rest: a lock file the disk refuses, a plugin whose
+"""A lock file the disk refuses, a plugin whose
 ``load_state_dict`` fails, and metric tensors in ``LossResult.metrics``. Each is one
 ``slhub: error:`` line with exit 2 (a plugin's bug with its traceback before it) and
 leaves no artifact behind; a good input (a metric tensor that requires grad) just works."""

@@ -55,8 +55,8 @@ VISUAL = {
 def _recipe(tmp_path: Path, repo: Path, dataset: Path, observation: str, features: dict) -> Path:
     """The example recipe made tiny, training on ``dataset``: 2 observation steps, a
     padded 16-step action chunk, one validation episode; an EMA of the weights, and for
-    the visual policy a random 40 x 40 crop of the 48 x 48 frames (issue 23's matrix:
-    every format resumes bit-exact with both on)."""
+    the visual policy a random 40 x 40 crop of the 48 x 48 frames (every format
+    resumes bit-exact with both on)."""
     raw = yaml.safe_load((repo / f"examples/bc/{observation}.yaml").read_text())
     raw["trainer"].update(
         steps=6, batch_size=4 if observation == "visual" else 8, validate_every=3,
