@@ -28,6 +28,7 @@ import os
 import shlex
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from slhub._version import __version__
 from slhub.errors import SlhubError, one_line
@@ -79,7 +80,8 @@ def _final_line(line: str) -> None:
     sys.stderr.flush()
 
 
-def _command(sub: argparse._SubParsersAction, name: str, summary: str, examples: str):
+# ``sub``/``actions``: what ``add_subparsers()`` returns (argparse names no public class for it)
+def _command(sub: Any, name: str, summary: str, examples: str):
     return sub.add_parser(
         name,
         help=summary,
@@ -327,7 +329,7 @@ pip install 'slhub[sim]'
 """
 
 
-def _collect_arguments(actions: argparse._SubParsersAction) -> None:
+def _collect_arguments(actions: Any) -> None:
     summary = "roll a MuJoCo simulator out into slhub's store, atomically"
     collect = actions.add_parser(
         "collect",

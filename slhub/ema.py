@@ -62,6 +62,8 @@ class Ema:
         """Average the parameters the update just committed into the EMA (every rank)."""
         decay = self.config.decay_after(self.step)
         with torch.no_grad():
+            # torch's foreach ops have no public name (documented, beta, as torch._foreach_*;
+            # torch.optim.swa_utils uses them); relied on since torch 2.4, tested on 2.13.0
             torch._foreach_mul_(self._averages, decay)
             torch._foreach_add_(self._averages, torch._foreach_mul(self._params, 1.0 - decay))
         self.step += 1

@@ -210,7 +210,10 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.description = DESCRIPTION
     parser.epilog = EXAMPLES
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    for action in parser._actions:  # what torchrun runs is not the user's to choose here
+    # What torchrun runs is not the user's to choose here: hide those options from --help.
+    # argparse has no public way to reach or change an action another module added (its
+    # _actions list is unchanged since Python 3.2; requires-python >=3.10).
+    for action in parser._actions:
         if action.dest in ("training_script", "training_script_args", *_PROGRAM_OPTIONS):
             action.help = argparse.SUPPRESS
     args = parser.parse_args(argv)
@@ -248,6 +251,8 @@ def _check_nproc(value: Any) -> None:
     except ValueError:
         import torch
 
+        # torchrun compares with the same private name (torch has no public getter for the
+        # privateuse1 backend's name); relied on since torch 2.4, tested on 2.13.0
         if text in _NPROC_WORDS or text == torch._C._get_privateuse1_backend_name():
             return
         raise SlhubError(

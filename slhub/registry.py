@@ -100,6 +100,8 @@ def direct_caller(pm: pluggy.PluginManager, name: str) -> Any:
     """
     caller = getattr(pm.hook, name)
     impls = caller.get_hookimpls()
+    # pluggy has no public way to ask whether tracing or monitoring replaced its caller, so
+    # this reads its internals (pyproject pins pluggy <2); either missing keeps pm.hook.
     plain = getattr(getattr(pluggy, "_callers", None), "_multicall", None)
     traced = plain is None or getattr(pm, "_inner_hookexec", None) is not plain
     if traced or any(impl.hookwrapper or impl.wrapper for impl in impls):

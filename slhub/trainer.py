@@ -374,6 +374,9 @@ class Loop(TrainerBase):
         if total > 0:
             if self.config.accumulate > 1:
                 grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+                # torch's foreach ops have no public name (documented, beta, as torch._foreach_*;
+                # clip_grad_norm_ and the optimizers use them); one fused kernel on a GPU.
+                # Relied on since torch 2.4 (pyproject's floor), tested on 2.13.0.
                 torch._foreach_mul_(grads, self.world_size / total)
             scaler = self.precision.scaler
             if self.config.grad_clip_norm is not None:
@@ -396,6 +399,8 @@ class Loop(TrainerBase):
         first backward. Doing it here, where every rank is known healthy, keeps a rank
         that fails before its next forward from leaving the others waiting."""
         assert self._ddp is not None
+        # DDP has no public way to rebuild its buckets now; without the private method (tested
+        # on torch 2.13.0, present since 1.x) DDP rebuilds them in its next forward, as usual.
         rebuild = getattr(self._ddp.reducer, "_rebuild_buckets", None)
         if rebuild is not None:
             rebuild()

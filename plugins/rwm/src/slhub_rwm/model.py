@@ -154,6 +154,7 @@ class WorldModel(nn.Module):
             layout.feature_dim, layout.hidden, num_layers=layout.layers, batch_first=True
         )
         self.head = nn.Linear(layout.hidden, layout.state_dim)
+        self.register_load_state_dict_pre_hook(_adopt_saved_layout)
 
     @classmethod
     def from_state_dict(cls, state: Mapping[str, torch.Tensor]) -> WorldModel:
@@ -162,22 +163,6 @@ class WorldModel(nn.Module):
         dtype = state["input_mean"].dtype
         model.to(dtype).load_state_dict(dict(state))
         return model
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
-        """Take a saved ``rwm_layout`` that differs from this model's only in ``robot`` (the
-        name of the dataset's folder, e.g. ``slhub eval --env``'s fresh episodes), whose
-        length may differ; any other difference is refused as a mismatch, as before."""
-        saved = state_dict.get(prefix + LAYOUT_KEY)
-        mine = getattr(self, LAYOUT_KEY)
-        if isinstance(saved, torch.Tensor) and saved.shape != mine.shape:
-            try:
-                layout = RwmLayout.from_tensor(saved)
-            except ValueError:
-                layout = None
-            if layout is not None and replace(layout, robot=self.layout.robot) == self.layout:
-                setattr(self, LAYOUT_KEY, torch.empty_like(saved, device=mine.device))
-                self.layout = layout
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def set_normalization(
         self,
@@ -246,3 +231,20 @@ class WorldModel(nn.Module):
         after summing over every window."""
         err = self.wrap(pred.double() - target.double()).abs().sum()
         return float(err), float(target.double().abs().sum())
+
+
+def _adopt_saved_layout(model: WorldModel, state_dict, prefix, *args) -> None:
+    """Before a :class:`WorldModel` loads its state (a public load_state_dict pre-hook):
+    take a saved ``rwm_layout`` that differs from the model's only in ``robot`` (the
+    name of the dataset's folder, e.g. ``slhub eval --env``'s fresh episodes), whose
+    length may differ; any other difference is refused as a mismatch, as before."""
+    saved = state_dict.get(prefix + LAYOUT_KEY)
+    mine = getattr(model, LAYOUT_KEY)
+    if isinstance(saved, torch.Tensor) and saved.shape != mine.shape:
+        try:
+            layout = RwmLayout.from_tensor(saved)
+        except ValueError:
+            layout = None
+        if layout is not None and replace(layout, robot=model.layout.robot) == model.layout:
+            setattr(model, LAYOUT_KEY, torch.empty_like(saved, device=mine.device))
+            model.layout = layout
