@@ -251,3 +251,12 @@ def two_update_checkpoint(folder: Path) -> Path:
     )
     train(str(recipe))
     return folder / "o" / "last.pt"
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"not strict JSON: {name}")
+
+
+def strict_json(text: str):
+    """``text`` parsed as strict JSON: NaN and infinities as bare constants are refused."""
+    return json.loads(text, parse_constant=_refuse_constant)

@@ -523,3 +523,16 @@ def _term_launcher_after_done() -> None:
         time.sleep(0.01)
     os.kill(os.getppid(), signal.SIGTERM)
     time.sleep(1)
+
+
+class NonFinite:
+    """An extra plugin whose metrics are NaN and infinities (a diverging metric does that)."""
+
+    @hookimpl
+    def on_commit(self, trainer, step, metrics):
+        metrics["train/nan"] = float("nan")
+        metrics["train/inf"] = float("inf")
+
+    @hookimpl
+    def validate(self, trainer, model, step):
+        return {"nan": float("nan"), "inf": float("inf"), "ninf": float("-inf"), "ok": 1.5}

@@ -13,7 +13,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict
 
 import slhub
-from helpers import REPO, SL_DDP, cli_error
+from helpers import REPO, SL_DDP, cli_error, strict_json
 from helpers import write_recipe as _write
 from slhub import cli, hookimpl
 from slhub.recipe import MAX_ALIAS_NODES, load_recipe
@@ -185,29 +185,13 @@ def test_set_into_a_list_says_how_to_give_one(capsys, tmp_path: Path, given: boo
 # --- metrics.jsonl is strict JSON, non-finite values included ----------------------------
 
 
-class NonFinite:
-    """An extra plugin whose metrics are NaN and infinities (a diverging metric does that)."""
-
-    @hookimpl
-    def on_commit(self, trainer, step, metrics):
-        metrics["train/nan"] = float("nan")
-
-    @hookimpl
-    def validate(self, trainer, model, step):
-        return {"nan": float("nan"), "inf": float("inf"), "ninf": float("-inf"), "ok": 1.5}
-
-
-def _refuse_constant(name: str):
-    raise ValueError(f"not strict JSON: {name}")
-
-
 @pytest.mark.parametrize("log_format", ["console", "json"])
 def test_metrics_jsonl_is_strict_json_and_reads_back_non_finite_values(
     capsys, tmp_path: Path, log_format: str
 ):
     recipe = _write(
         tmp_path / "r.yaml",
-        plugins=["test_newcomer_inputs:NonFinite"],
+        plugins=["slhub_testplugins:NonFinite"],
         trainer__steps=2,
         trainer__validate_every=1,
         trainer__output_dir=str(tmp_path / "out"),
@@ -217,7 +201,7 @@ def test_metrics_jsonl_is_strict_json_and_reads_back_non_finite_values(
     path = tmp_path / "out" / "metrics.jsonl"
     lines = path.read_text().splitlines()
     for line in lines:
-        json.loads(line, parse_constant=_refuse_constant)  # jq and other parsers accept it
+        strict_json(line)  # jq and other parsers accept it
     assert any('"validation/nan": "NaN"' in line for line in lines)
     records = slhub.read_metrics(str(path))  # a str, as well as a Path
     assert records == slhub.read_metrics(path)

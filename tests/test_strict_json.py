@@ -7,41 +7,19 @@ value as ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``, as metrics.jsonl does, so
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
-from helpers import write_recipe
-from slhub import artifacts, cli, hookimpl, strictjson
+from helpers import strict_json, write_recipe
+from slhub import artifacts, cli, strictjson
 from slhub.export import manifest_json
-
-
-class NonFinite:
-    """An extra plugin whose metrics are NaN and infinities (a diverging metric does that)."""
-
-    @hookimpl
-    def on_commit(self, trainer, step, metrics):
-        metrics["train/nan"] = float("nan")
-        metrics["train/inf"] = float("inf")
-
-    @hookimpl
-    def validate(self, trainer, model, step):
-        return {"nan": float("nan"), "inf": float("inf"), "ninf": float("-inf"), "ok": 1.5}
-
-
-def _refuse_constant(name: str):
-    raise ValueError(f"not strict JSON: {name}")
-
-
-def _strict(text: str):
-    return json.loads(text, parse_constant=_refuse_constant)
 
 
 def test_a_run_with_non_finite_metrics_writes_only_strict_json(capsys, tmp_path: Path):
     out = tmp_path / "out"
     recipe = write_recipe(
         tmp_path / "r.yaml",
-        plugins=["test_strict_json:NonFinite"],
+        plugins=["slhub_testplugins:NonFinite"],
         trainer__steps=2,
         trainer__validate_every=1,
         trainer__output_dir=str(out),
@@ -50,16 +28,16 @@ def test_a_run_with_non_finite_metrics_writes_only_strict_json(capsys, tmp_path:
     assert cli.main(argv) == 0, capsys.readouterr().err
     events = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert events
-    parsed = [_strict(line) for line in events]  # every log event
+    parsed = [strict_json(line) for line in events]  # every log event
     assert any("NaN" in line for line in events) and any("Infinity" in line for line in events)
     assert any(isinstance(event, dict) and "-Infinity" in event.values() for event in parsed)
     for line in (out / "metrics.jsonl").read_text().splitlines():
-        _strict(line)
-    _strict((out / "run.json").read_text())
+        strict_json(line)
+    strict_json((out / "run.json").read_text())
 
     # run.json's one mutable entry, with a non-finite value, stays strict
     artifacts.record_best(out, {"step": 2, "metric": "validation/nan", "value": math.nan})
-    identity = _strict((out / "run.json").read_text())
+    identity = strict_json((out / "run.json").read_text())
     assert identity["best"]["value"] == "NaN"
 
 
@@ -69,7 +47,7 @@ def test_manifests_encode_non_finite_values_as_metrics_jsonl_does():
     manifest = {"normalization": {"mean": [1.0, math.nan], "std": [math.inf, -math.inf]}}
     text = manifest_json(manifest)
     assert text.endswith("}\n")
-    assert _strict(text) == {
+    assert strict_json(text) == {
         "normalization": {"mean": [1.0, "NaN"], "std": ["Infinity", "-Infinity"]}
     }
     assert set(strictjson.NON_FINITE) == {"NaN", "Infinity", "-Infinity"}
