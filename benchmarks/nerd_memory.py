@@ -86,7 +86,7 @@ class MemoryProbe:
 
 
 def _make_data(cache: Path, trajectories: int, length: int) -> float:
-    from slhub.data import ensure_dataset
+    from slhub.sim.cartpole import ensure_dataset
 
     data = ensure_dataset(cache, "train", trajectories, length, 0, 10.0)
     ensure_dataset(cache, "val", 64, 120, 1, 10.0)
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         "trainer.save_every": 0,
         "trainer.device": "cpu",
         "data.cache_dir": cache,
-        "data.train": json.dumps(
+        "data.generated_train": json.dumps(
             {"num_trajectories": args.trajectories, "length": args.length, "seed": 0}
         ),
         "plugins": '["benchmarks.nerd_memory:MemoryProbe"]',

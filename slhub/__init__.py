@@ -4,7 +4,7 @@ The public face for plugin authors and users: the hook marker and contract
 types, the errors (and :func:`one_line`, which turns any exception into a
 user's one-line message), the process-group scope, the Python entry to
 training and its counterpart ``evaluate`` (``slhub eval``), the reader of a run's
-metrics history, the recipe's optimizer and
+metrics history, the atomic file writer every exporter writes with, the recipe's optimizer and
 schedule builders, the random-state helpers and slhub's logger. Built-in and
 external plugins import only these names and the public modules
 ``slhub.data``, ``slhub.sim``, ``slhub.export`` and ``slhub.testing``;
@@ -20,6 +20,7 @@ from typing import Any
 
 from slhub._version import __version__
 from slhub.artifacts import read_metrics
+from slhub.atomic import atomic_write
 from slhub.errors import (
     ArtifactError,
     CheckpointError,
@@ -65,6 +66,7 @@ __all__ = [
     "SlhubError",
     "Trainer",
     "__version__",
+    "atomic_write",
     "build_optimizer",
     "build_schedule",
     "distributed_run",

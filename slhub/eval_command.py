@@ -318,7 +318,7 @@ def _same_layout(
 def _components(features: dict[str, Any], chosen: Sequence[str]) -> tuple[str, ...] | None:
     """The component names of the features ``chosen`` fill a role with, named as training
     names them (``qpos.hinge``); None when one is absent."""
-    from slhub.data.source import component_names
+    from slhub.data.training import component_names
 
     if any(name not in features for name in chosen):
         return None
@@ -370,7 +370,7 @@ def _collect(
 
 
 def _same_datasets(ckpt: checkpoint.Checkpoint, trainer: Any, path: Path) -> None:
-    from slhub.data.identity import differences
+    from slhub.data.dataset_fingerprint import differences
 
     recorded = (ckpt.run or {}).get("datasets") or {}
     current = getattr(trainer, "datasets", {}) or {}

@@ -221,13 +221,14 @@ class Recipe:
 
     def __init__(
         self,
-        source: str,
+        path: str,
         data: dict[str, Any],
         head: RecipeHead,
         objects: dict[str, Any] | None = None,
         overrides: list[str] | None = None,
     ) -> None:
-        self.source = source
+        #: Where the recipe came from: its file, or ``recipe`` for a mapping.
+        self.path = path
         #: The ``--set`` overrides applied, so errors can name the one at fault.
         self.overrides = list(overrides or [])
         self.data = data
@@ -262,7 +263,7 @@ class Recipe:
                 continue
             if key not in models:
                 owned = ", ".join(sorted(models)) or "none"
-                where = _origin(self.source, self.overrides, key)
+                where = _origin(self.path, self.overrides, key)
                 raise RecipeError(
                     f"{where}: {shown(key)}: unknown key (the run's plugins own: {owned})"
                 )
@@ -274,7 +275,7 @@ class Recipe:
                 self.sections[name] = model.model_validate(raw)
             except ValidationError as exc:
                 raise RecipeError(
-                    format_validation_error(self.source, exc, prefix=name, overrides=self.overrides)
+                    format_validation_error(self.path, exc, prefix=name, overrides=self.overrides)
                 ) from None
 
 
@@ -678,7 +679,7 @@ def as_recipe(
     if isinstance(recipe, Recipe):
         if not overrides and plugin is None and plugins is None:
             return recipe
-        source, data = recipe.source, _with_objects(recipe)
+        source, data = recipe.path, _with_objects(recipe)
     elif isinstance(recipe, dict):
         source, data = "recipe", dict(recipe)
     else:

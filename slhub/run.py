@@ -3,7 +3,7 @@
 1. The recipe is read once; its device and timeout open the process group
    (or the caller's ``distributed_run`` gives them).
 2. Admission, on every rank: plugins, sections, an output directory outside
-   every dataset the recipe reads (:func:`slhub.data.source.check_output_dir`), the resume plan
+   every dataset the recipe reads (:func:`slhub.data.training.check_output_dir`), the resume plan
    (:func:`slhub.checkpoint.plan_resume`: the checkpoint every rank resumes
    from, read by rank 0 and checked against this run), the model and optimizer
    (:class:`slhub.trainer.Loop`), the checkpoint loaded into them, then every
@@ -195,7 +195,7 @@ def _fit(
     )
     LOG.info(
         "recipe",
-        path=loop.recipe.source,
+        path=loop.recipe.path,
         output_dir=str(loop.output_dir),
         plugins=",".join(source.name for source in loop.plugins.sources),
     )
@@ -242,7 +242,7 @@ def _admit(
                 sections[name] = model
         recipe.validate_sections(sections)
         # before the run directory exists: a run never writes into a dataset it reads
-        from slhub.data.source import check_output_dir  # the data layer, when a run has data
+        from slhub.data.training import check_output_dir  # the data layer, when a run has data
 
         check_output_dir(recipe.trainer.output_dir, recipe.sections)
         if request.auto and distributed.rank() == 0:

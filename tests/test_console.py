@@ -179,12 +179,12 @@ def test_the_bar_keeps_its_cells_beside_nerds_fields(monkeypatch, size: tuple[in
 EXAMPLES = {
     "examples/sl_ddp/cpu.yaml": [],
     "examples/nerd/cartpole/sl.train.yaml": [
-        "data.train.num_trajectories=16",
-        "data.val.num_trajectories=4",
+        "data.generated_train.num_trajectories=16",
+        "data.generated_validation.num_trajectories=4",
     ],
     "examples/rwm/cartpole.yaml": [
-        "data.train.num_trajectories=8",
-        "data.val.num_trajectories=4",
+        "data.generated_train.num_trajectories=8",
+        "data.generated_validation.num_trajectories=4",
     ],
     "examples/rigidformer/boxes.yaml": [
         "rigidformer.scenes.train_scenes=16",

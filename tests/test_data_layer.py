@@ -23,7 +23,7 @@ from slhub.data import (
     split_episodes,
     write_store,
 )
-from slhub.data.identity import differences
+from slhub.data.dataset_fingerprint import differences
 from slhub.errors import DatasetError
 
 LENGTHS = (7, 3, 12, 5)

@@ -15,7 +15,7 @@ from helpers import DATASETS, REPO, cli_error, write_recipe
 from slhub.builtin.nerd.plugin import NerdPlugin
 from slhub.data import (
     ArrayEpisodes,
-    DataSection,
+    DatasetSection,
     Role,
     TrainingData,
     open_dataset,
@@ -45,7 +45,7 @@ def _store(tmp_path: Path) -> Path:
 
 
 def _open(path: Path, roles=ROLES, **section) -> TrainingData:
-    return TrainingData.open(DataSection.model_validate({"path": str(path), **section}), roles)
+    return TrainingData.open(DatasetSection.model_validate({"path": str(path), **section}), roles)
 
 
 def test_roles_concatenate_features_with_their_component_names(tmp_path):

@@ -380,8 +380,9 @@ def test_a_nerd_export_of_an_ema_run_loads_and_predicts_with_the_average(tmp_pat
         trainer__batch_size=8, trainer__device="cpu", trainer__output_dir=str(tmp_path / "run"),
         model__width=16, model__layers=1, model__heads=2, model__mlp_hidden=32, model__history=4,
         data__cache_dir=str(tmp_path / "cache"), validation__horizons=[2],
-        data__train={"num_trajectories": 8, "length": 20, "seed": 0},
-        data__val={"num_trajectories": 2, "length": 12, "seed": 1}, ema={"decay": 0.5},
+        data__generated_train={"num_trajectories": 8, "length": 20, "seed": 0},
+        data__generated_validation={"num_trajectories": 2, "length": 12, "seed": 1},
+        ema={"decay": 0.5},
     )  # fmt: skip
     train(recipe)
     ckpt = checkpoint.load(tmp_path / "run" / "last.pt")

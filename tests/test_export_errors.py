@@ -13,8 +13,8 @@ import torch
 
 import slhub
 from slhub import ExportError, SlhubError, one_line
-from slhub.builtin.nerd.export_format import load_export, write_export
 from slhub.builtin.nerd.model import NerdArch, NerdModel
+from slhub.builtin.nerd.predictor import load_export, write_export
 from slhub.data import cached_arrays
 from slhub.export import load, read_manifest
 
@@ -40,16 +40,16 @@ def test_a_good_export_is_written_atomically_and_loads(tmp_path: Path):
 
 
 def test_failed_manifest_write_leaves_no_partial_export(tmp_path: Path, monkeypatch):
-    import slhub.builtin.nerd.export_format as export_format
+    import slhub.builtin.nerd.predictor as predictor
 
-    real = export_format.atomic_write
+    real = predictor.atomic_write
 
     def fail_on_manifest(data, *paths):
         if Path(paths[-1]).name == "export.json":
             raise OSError(28, "No space left on device")
         real(data, *paths)
 
-    monkeypatch.setattr(export_format, "atomic_write", fail_on_manifest)
+    monkeypatch.setattr(predictor, "atomic_write", fail_on_manifest)
     with pytest.raises(OSError, match="No space left"):
         _export(tmp_path)
     assert list((tmp_path / "export").iterdir()) == []

@@ -19,9 +19,9 @@ import yaml
 import slhub
 from helpers import REPO, cli_error, metrics_of, write_recipe
 from slhub import ExportError, checkpoint
-from slhub.builtin.nerd.export_format import NerdPredictor, write_export
 from slhub.builtin.nerd.model import NerdArch, NerdLayout, NerdModel
 from slhub.builtin.nerd.plugin import NerdPlugin
+from slhub.builtin.nerd.predictor import NerdPredictor, write_export
 from slhub.data import ArrayEpisodes, open_dataset, write_store
 from slhub.export import load
 from slhub.testing import StandInTrainer

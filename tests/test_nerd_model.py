@@ -14,18 +14,25 @@ from pydantic import ValidationError
 from safetensors import safe_open
 
 from slhub import checkpoint
-from slhub.builtin.nerd.export_format import load_export
 from slhub.builtin.nerd.model import NerdArch, NerdModel
 from slhub.builtin.nerd.plugin import NerdPlugin
-from slhub.builtin.nerd.sections import DataSection, LossSection, ModelSection, ValidationSection
+from slhub.builtin.nerd.predictor import load_export
+from slhub.builtin.nerd.sections import (
+    LossSection,
+    ModelSection,
+    NerdDataSection,
+    ValidationSection,
+)
 from slhub.checkpoint import Checkpoint
-from slhub.data import cartpole, state_deltas, wrap_angle
+from slhub.data import wrap_angle
 from slhub.export import load
+from slhub.sim import cartpole
+from slhub.sim.cartpole import state_deltas
 from slhub.testing import StandInTrainer, hooks_of
 
 TINY_DATA = {
-    "train": {"num_trajectories": 24, "length": 30, "seed": 0},
-    "val": {"num_trajectories": 6, "length": 20, "seed": 1},
+    "generated_train": {"num_trajectories": 24, "length": 30, "seed": 0},
+    "generated_validation": {"num_trajectories": 6, "length": 20, "seed": 1},
 }
 
 
@@ -109,9 +116,10 @@ def test_cartpole_data_is_deterministic_memory_mapped_and_wrapped(tmp_path):
 
 def test_data_section_rejects_equal_seeds_and_unknown_keys():
     with pytest.raises(ValidationError, match="must differ"):
-        DataSection.model_validate({"train": TINY_DATA["train"], "val": TINY_DATA["train"]})
+        same = TINY_DATA["generated_train"]
+        NerdDataSection.model_validate({"generated_train": same, "generated_validation": same})
     for section, raw in [
-        (DataSection, {"cache": "x"}),
+        (NerdDataSection, {"cache": "x"}),
         (ModelSection, {"dropout": 0.1}),
         (LossSection, {"features": []}),
         (ValidationSection, {"horizon": 3}),
@@ -400,7 +408,7 @@ def test_inference_needs_no_training_code(tmp_path):
         " 'slhub.builtin.nerd.plugin', 'slhub.builtin.nerd.data', 'slhub.builtin.nerd.loss')\n"
         "bad = [m for m in training if m in sys.modules]\n"
         "assert not bad, bad\n"
-        "assert 'slhub.builtin.nerd.export_format' in sys.modules  # the loader that did run\n"
+        "assert 'slhub.builtin.nerd.predictor' in sys.modules  # the loader that did run\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 

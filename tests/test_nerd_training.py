@@ -49,8 +49,8 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         model__heads=2,
         model__mlp_hidden=32,
         data__cache_dir=str(tmp / "cache"),
-        data__train={"num_trajectories": 16, "length": 20, "seed": 0},
-        data__val={"num_trajectories": 4, "length": 12, "seed": 1},
+        data__generated_train={"num_trajectories": 16, "length": 20, "seed": 0},
+        data__generated_validation={"num_trajectories": 4, "length": 12, "seed": 1},
         validation__horizons=[2, 8],
     )
     return _Runs(recipe, tmp)

@@ -394,12 +394,12 @@ def test_tilde_in_plugin_owned_paths_is_the_home_directory():
     """``data.cache_dir`` (NeRD, RWM) and ``tensorboard.log_dir`` expand ``~`` too."""
     import os
 
-    from slhub_rwm.sections import DataSection as RwmData
+    from slhub_rwm.sections import RwmDataSection as RwmData
     from slhub_tensorboard.plugin import TensorBoardSection
 
-    from slhub.builtin.nerd.sections import DataSection
+    from slhub.builtin.nerd.sections import NerdDataSection
 
     home = os.path.expanduser("~/slhub-cache")
-    assert DataSection(cache_dir="~/slhub-cache").cache_dir == home
+    assert NerdDataSection(cache_dir="~/slhub-cache").cache_dir == home
     assert RwmData(cache_dir="~/slhub-cache").cache_dir == home
     assert TensorBoardSection(log_dir="~/slhub-cache").log_dir == home

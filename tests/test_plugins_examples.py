@@ -64,8 +64,8 @@ def test_auto_trains_exactly_as_cpu_without_cuda(tmp_path) -> None:
         trainer__validate_every=2, trainer__save_every=4, model__history=4, model__width=16,
         model__layers=1, model__heads=2, model__mlp_hidden=32,
         data__cache_dir=str(tmp_path / "cache"),
-        data__train={"num_trajectories": 8, "length": 20, "seed": 0},
-        data__val={"num_trajectories": 2, "length": 12, "seed": 1},
+        data__generated_train={"num_trajectories": 8, "length": 20, "seed": 0},
+        data__generated_validation={"num_trajectories": 2, "length": 12, "seed": 1},
         validation__horizons=[2],
     )  # fmt: skip
     for device in ("auto", "cpu"):

@@ -46,8 +46,8 @@ def _nerd(tmp: Path) -> dict[str, Any]:
     return {
         "model__precision": "float64",
         "data__cache_dir": str(tmp / "cache"),
-        "data__train": {"num_trajectories": 16, "length": 40, "seed": 0},
-        "data__val": {"num_trajectories": 2, "length": 110, "seed": 1},
+        "data__generated_train": {"num_trajectories": 16, "length": 40, "seed": 0},
+        "data__generated_validation": {"num_trajectories": 2, "length": 110, "seed": 1},
     }
 
 
@@ -56,8 +56,8 @@ def _rwm(tmp: Path) -> dict[str, Any]:
         "rwm__horizon": 3,
         "rwm__precision": "float64",
         "data__cache_dir": str(tmp / "cache"),
-        "data__train": {"num_trajectories": 8, "length": 30, "seed": 0},
-        "data__val": {"num_trajectories": 2, "length": 30, "seed": 1},
+        "data__generated_train": {"num_trajectories": 8, "length": 30, "seed": 0},
+        "data__generated_validation": {"num_trajectories": 2, "length": 30, "seed": 1},
     }
 
 

@@ -45,8 +45,8 @@ EXAMPLES = {
         "rwm/cartpole.yaml",
         "slhub-rwm",
         [
-            "data.train={num_trajectories: 8, length: 40, seed: 0}",
-            "data.val={num_trajectories: 2, length: 40, seed: 1}",
+            "data.generated_train={num_trajectories: 8, length: 40, seed: 0}",
+            "data.generated_validation={num_trajectories: 2, length: 40, seed: 1}",
         ],
     ),
     "rigidformer": (

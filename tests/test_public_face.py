@@ -3,7 +3,7 @@
 DESIGN.md's rule: code under ``slhub/builtin`` and ``plugins/*/src`` imports
 ``slhub`` (names in its ``__all__``), ``slhub.data``, ``slhub.sim``,
 ``slhub.export`` and ``slhub.testing``, plus modules of its own package; never
-an internal module such as ``slhub.rng`` or ``slhub.data.cartpole``, so slhub's
+an internal module such as ``slhub.rng`` or ``slhub.sim.cartpole``, so slhub's
 internals can change without breaking a plugin. Checked on the source with
 ``ast``, without importing it.
 """
@@ -124,7 +124,7 @@ RWM = REPO / "plugins" / "rwm" / "src" / "slhub_rwm" / "plugin.py"
         (BUILTIN, "import slhub.optim\n"),
         (BUILTIN, "import slhub\nslhub.log.get_logger()\n"),
         (BUILTIN, "from slhub.builtin.nerd.model import NerdModel\n"),
-        (NERD, "from slhub.data.cartpole import FORMAT\n"),
+        (NERD, "from slhub.sim.cartpole import FORMAT\n"),
         (NERD, "from ... import errors\n"),
         (RWM, "from slhub.errors import RecipeError\n"),
         (RWM, "from slhub_bc.render import render\n"),
@@ -142,7 +142,7 @@ def test_a_private_import_is_found(path: Path, source: str):
         (BUILTIN, "import slhub\nslhub.SlhubError\n"),
         (BUILTIN, "from slhub import data, export\nimport slhub.testing\n"),
         (NERD, "from slhub.builtin.nerd.model import NerdModel\nfrom . import loss\n"),
-        (NERD, "from slhub.data import CARTPOLE_FORMAT\n"),
+        (NERD, "from slhub.sim import cartpole\n"),
         (RWM, "from slhub_rwm.model import WorldModel\nfrom .data import Windows\n"),
         (RWM, "import torch\nfrom torch import nn\n"),
     ],

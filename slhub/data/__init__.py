@@ -1,21 +1,18 @@
-"""Public data utilities for slhub plugins: the cart-pole simulator and split/cache helpers.
+"""Public data utilities for slhub plugins: the episode-dataset layer and split/cache helpers.
 
 Built-in and external plugins import data code from here (``slhub.data``, not
 its submodules, which are internal), never from another plugin's internals, so
 a plugin's modules can change without breaking the packages that share its
-data.
+data. The numpy cart-pole the generated data comes from is :mod:`slhub.sim.cartpole`.
 
-- :mod:`slhub.data.cartpole` — the numpy cart-pole (:func:`cartpole_step`,
-  :func:`generate_trajectories`, :func:`cartpole_store` (episodes in slhub's
-  store), :func:`ensure_dataset`, :func:`state_deltas`
-  and its constants; ``CARTPOLE_FORMAT`` is the ``format`` its dataset's
-  ``meta.json`` records).
 - :mod:`slhub.data.angles` — :func:`wrap_angle`, the one [-pi, pi) convention,
   for numpy arrays and torch tensors.
 - :mod:`slhub.data.cache` — :func:`cached_arrays`: arrays generated once, written
   atomically and shared memory-mapped, keyed by their parameters.
-- :mod:`slhub.data.splits` — :class:`SplitCache` (each split made once per recipe
+- :mod:`slhub.data.split_cache` — :class:`SplitCache` (each split made once per recipe
   section) and :func:`split_seed` (validation uses ``seed + 1``).
+- :mod:`slhub.data.layout_buffer` — :func:`json_buffer` and :func:`read_json_buffer`:
+  a JSON record as a uint8 tensor, so a model's state dict carries its own layout.
 
 Recorded robot data (the episode-dataset layer):
 
@@ -26,35 +23,21 @@ Recorded robot data (the episode-dataset layer):
   or padded at episode edges with ``<feature>_is_pad``) and :func:`sample_anchors`.
 - :mod:`slhub.data.store` — slhub's own store (:class:`StoreDataset`,
   :func:`write_store`); :mod:`slhub.data.statistics` — :func:`feature_statistics`;
-  :mod:`slhub.data.identity` — :func:`fingerprint` and :func:`split_episodes`.
+  :mod:`slhub.data.dataset_fingerprint` — :func:`fingerprint` and :func:`split_episodes`.
 - :mod:`slhub.data.readers` — LeRobot, robomimic, zarr, Minari and NeRD files.
+- :mod:`slhub.data.training` — what a model plugin trains on: :class:`DatasetSection`
+  (the one ``data:`` recipe shape), :class:`Role` (what a plugin reads under one name)
+  and :class:`TrainingData` (the dataset split by episode, its roles' statistics,
+  windows).
 - :mod:`slhub.data.cartpole_section` — :class:`CartpoleDataSection`: that section
-  with the cart-pole generator's keys, for models that also train on it (NeRD, RWM).
-- :mod:`slhub.data.source` — what a model plugin trains on: :class:`DataSection` (the
-  one ``data:`` recipe shape), :class:`Role` (what a plugin reads under one name) and
-  :class:`TrainingData` (the dataset split by episode, its roles' statistics, windows).
+  with the cart-pole generator's keys (:class:`GeneratedSplit` each), for models
+  that also train on generated episodes (NeRD, RWM).
 """
 
 from slhub.data.angles import wrap_angle
 from slhub.data.cache import cached_arrays
-from slhub.data.cartpole import (
-    ACTION_NAMES,
-    CART_MASS,
-    DT,
-    GRAVITY,
-    HALF_LENGTH,
-    POLE_MASS,
-    STATE_NAMES,
-    THETA,
-    CartpoleData,
-    cartpole_step,
-    cartpole_store,
-    ensure_dataset,
-    generate_trajectories,
-    state_deltas,
-)
-from slhub.data.cartpole import FORMAT as CARTPOLE_FORMAT
 from slhub.data.cartpole_section import CartpoleDataSection, GeneratedSplit
+from slhub.data.dataset_fingerprint import Split, fingerprint, split_episodes
 from slhub.data.episodes import (
     READER_GROUP,
     ArrayEpisodes,
@@ -63,9 +46,13 @@ from slhub.data.episodes import (
     open_dataset,
     readers,
 )
-from slhub.data.identity import Split, fingerprint, split_episodes
-from slhub.data.source import (
-    DataSection,
+from slhub.data.layout_buffer import json_buffer, read_json_buffer
+from slhub.data.split_cache import SplitCache, split_seed
+from slhub.data.statistics import feature_statistics
+from slhub.data.store import StoreDataset, write_store
+from slhub.data.stream import WindowStream
+from slhub.data.training import (
+    DatasetSection,
     DecodeSection,
     Role,
     RoleLayout,
@@ -73,17 +60,12 @@ from slhub.data.source import (
     TrainingData,
     WindowSection,
 )
-from slhub.data.splits import SplitCache, split_seed
-from slhub.data.statistics import feature_statistics
-from slhub.data.store import StoreDataset, write_store
-from slhub.data.stream import WindowStream
 from slhub.data.windows import PAD_SUFFIX, Window, sample_anchors
 
 __all__ = [
-    "ACTION_NAMES",
     "ArrayEpisodes",
     "CartpoleDataSection",
-    "DataSection",
+    "DatasetSection",
     "GeneratedSplit",
     "EpisodeDataset",
     "Role",
@@ -101,27 +83,15 @@ __all__ = [
     "Window",
     "feature_statistics",
     "fingerprint",
+    "json_buffer",
     "open_dataset",
+    "read_json_buffer",
     "readers",
     "sample_anchors",
     "split_episodes",
     "write_store",
-    "CARTPOLE_FORMAT",
-    "CART_MASS",
-    "DT",
-    "GRAVITY",
-    "HALF_LENGTH",
-    "POLE_MASS",
-    "STATE_NAMES",
-    "THETA",
-    "CartpoleData",
     "SplitCache",
     "cached_arrays",
-    "cartpole_step",
-    "cartpole_store",
-    "ensure_dataset",
-    "generate_trajectories",
     "split_seed",
-    "state_deltas",
     "wrap_angle",
 ]

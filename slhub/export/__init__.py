@@ -14,7 +14,7 @@ beyond what is installed under that name.
 
 A directory that is not a readable export of an installed kind raises
 :class:`slhub.ExportError` (a ``ValueError``). Exporters write the files of an
-export directory with :func:`atomic_write`, ``export.json`` last, its text made by
+export directory with :func:`slhub.atomic_write`, ``export.json`` last, its text made by
 :func:`manifest_json` (strict JSON: a non-finite value as ``"NaN"``/``"Infinity"``).
 
 **Containment.** An export is data, often downloaded: loading one never opens
@@ -45,7 +45,6 @@ from typing import Any
 
 from torch import nn
 
-from slhub.atomic import atomic_write
 from slhub.errors import ExportError, one_line
 from slhub.strictjson import dumps
 
@@ -67,7 +66,6 @@ __all__ = [
     "ONNX_EXTRA",
     "SUPPORTED_FORMATS",
     "Checkpoint",
-    "atomic_write",
     "check_directory",
     "export_file",
     "load",

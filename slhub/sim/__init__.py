@@ -15,6 +15,10 @@ simulator does, and names the extra in one line when they are missing.
 - :func:`rollout_policy` — a policy judged in closed loop (returns, lengths, success,
   fixed reset seeds, observation history, action chunks, a time budget), for
   validation and ``slhub eval``; :func:`write_video` writes one rollout as mp4.
+- :mod:`slhub.sim.cartpole` — the numpy cart-pole (no simulator library): its
+  dynamics (:func:`~slhub.sim.cartpole.cartpole_step`), constants and state names,
+  random trajectories and their episodes in slhub's store
+  (:func:`~slhub.sim.cartpole.cartpole_store`); ``from slhub.sim import cartpole``.
 - :mod:`slhub.sim.names` — component names from a MuJoCo model's joints and actuators.
 - :mod:`slhub.sim.experts` — demonstrators for ``--policy``: an LQR for
   InvertedPendulum-v5 (``slhub.sim.experts:inverted_pendulum``) and inverse kinematics
@@ -22,6 +26,7 @@ simulator does, and names the extra in one line when they are missing.
 """
 
 from slhub.errors import SimulatorError
+from slhub.sim import cartpole
 from slhub.sim.actions import KNOT_EVERY, SOURCES, load_policy
 from slhub.sim.collect import FORMAT, Collection, collect
 from slhub.sim.gymnasium_mujoco import GymnasiumMujoco
@@ -45,6 +50,7 @@ __all__ = [
     "Step",
     "actuator_names",
     "body_names",
+    "cartpole",
     "collect",
     "joint_names",
     "load_policy",

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 from slhub import LossResult, RecipeError
-from slhub.data import ArrayEpisodes, cartpole_step, open_dataset, write_store
+from slhub.data import ArrayEpisodes, open_dataset, write_store
+from slhub.sim.cartpole import cartpole_step
 from slhub.testing import check_resume_and_revalidate, hooks_of
 
 from slhub_bc.expert import (

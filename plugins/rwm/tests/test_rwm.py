@@ -11,13 +11,14 @@ import pytest
 import torch
 from pydantic import ValidationError
 from slhub import DatasetError, LossResult
-from slhub.data import STATE_NAMES, cartpole_step, wrap_angle
+from slhub.data import wrap_angle
+from slhub.sim.cartpole import STATE_NAMES, cartpole_step
 from slhub.testing import check_resume_and_revalidate, hooks_of
 
 from slhub_rwm.data import window_offsets
 from slhub_rwm.model import LAYOUT_KEY, RwmLayout, WorldModel
 from slhub_rwm.plugin import RwmPlugin
-from slhub_rwm.sections import DataSection, RwmSection
+from slhub_rwm.sections import RwmDataSection, RwmSection
 
 HISTORY, HORIZON = 4, 3
 
@@ -29,10 +30,10 @@ def section():
 
 @pytest.fixture
 def data(tmp_path):
-    return DataSection(
+    return RwmDataSection(
         cache_dir=str(tmp_path / "cache"),
-        train={"num_trajectories": 6, "length": 12, "seed": 0},
-        val={"num_trajectories": 2, "length": 12, "seed": 1},
+        generated_train={"num_trajectories": 6, "length": 12, "seed": 0},
+        generated_validation={"num_trajectories": 2, "length": 12, "seed": 1},
     )
 
 
@@ -73,7 +74,7 @@ def test_windows_longer_than_the_episodes_are_refused_in_one_line(section, data,
     with pytest.raises(DatasetError, match="every train episode is shorter than the window"):
         _built(long, data, make_trainer)
     val = {"num_trajectories": 2, "length": 5, "seed": 1}
-    short_val = DataSection.model_validate({**data.model_dump(), "val": val})
+    short_val = RwmDataSection.model_validate({**data.model_dump(), "generated_validation": val})
     with pytest.raises(DatasetError) as caught:
         _built(section, short_val, make_trainer)
     assert "rwm.history 4 + rwm.horizon 3 need validation episodes of 7 steps; the longest " \
@@ -81,9 +82,9 @@ def test_windows_longer_than_the_episodes_are_refused_in_one_line(section, data,
     with pytest.raises(ValidationError):
         RwmSection(unknown=1)
     with pytest.raises(ValidationError, match="belongs to the cart-pole generator"):
-        DataSection(path="somewhere", max_force=3.0)
+        RwmDataSection(path="somewhere", max_force=3.0)
     with pytest.raises(ValidationError, match="split applies to a dataset path"):
-        DataSection(split={"validation_ratio": 0.5})
+        RwmDataSection(split={"validation_ratio": 0.5})
 
 
 def test_defaults_are_rwm_s_history_and_forecast():
@@ -265,8 +266,8 @@ def test_example_recipe_resumes_bit_exactly(tmp_path, repo):
             "rwm.history=4",
             "rwm.hidden=16",
             f"data.cache_dir={tmp_path / 'cache'}",
-            "data.train={num_trajectories: 4, length: 12, seed: 0}",
-            "data.val={num_trajectories: 2, length: 12, seed: 1}",
+            "data.generated_train={num_trajectories: 4, length: 12, seed: 0}",
+            "data.generated_validation={num_trajectories: 2, length: 12, seed: 1}",
         ],
     )
     recorded = check.final("resumed").run["datasets"]["data"]

@@ -19,13 +19,9 @@ import torch
 
 from slhub import DatasetError
 from slhub.builtin.nerd.model import NerdLayout
-from slhub.builtin.nerd.sections import ANGLE_FEATURE, DataSection, ModelSection
-from slhub.data import (
-    STATE_NAMES,
-    Role,
-    TrainingData,
-    wrap_angle,
-)
+from slhub.builtin.nerd.sections import ANGLE_FEATURE, ModelSection, NerdDataSection
+from slhub.data import Role, TrainingData, wrap_angle
+from slhub.sim import cartpole
 
 #: What NeRD reads, by role; the defaults are the cart-pole store's feature names.
 ROLES = {
@@ -39,7 +35,7 @@ STATISTICS = ("token_mean", "token_std", "delta_mean", "delta_std")
 STD_FLOOR = 1e-6
 
 
-def open_data(cfg: DataSection, trainer: Any = None) -> TrainingData:
+def open_data(cfg: NerdDataSection, trainer: Any = None) -> TrainingData:
     """The dataset of ``cfg`` (made from the cart-pole generator when it names no path),
     split by episode and recorded in the run when ``trainer`` is given."""
     return TrainingData.open(cfg.resolved(), ROLES, trainer=trainer)
@@ -50,7 +46,7 @@ def layout_of(data: TrainingData, model_cfg: ModelSection, robot: str = "") -> N
     state = data.layouts["state"].names
     angles = model_cfg.angles
     if angles is None:
-        angles = [ANGLE_FEATURE] if state == STATE_NAMES else []
+        angles = [ANGLE_FEATURE] if state == cartpole.STATE_NAMES else []
     extra = data.layouts["extra"].names if "extra" in data.layouts else ()
     try:
         return NerdLayout.from_names(

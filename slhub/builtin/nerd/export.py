@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from slhub import CheckpointError
-from slhub.builtin.nerd.export_format import write_export
 from slhub.builtin.nerd.model import ARCH_KEY, NerdModel
+from slhub.builtin.nerd.predictor import write_export
 
 if TYPE_CHECKING:
     from slhub.export import Checkpoint

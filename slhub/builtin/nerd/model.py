@@ -17,7 +17,6 @@ carry no ``nerd_layout`` and still load.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -26,7 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from slhub import one_line
-from slhub.data import ACTION_NAMES, STATE_NAMES, wrap_angle
+from slhub.data import json_buffer, read_json_buffer, wrap_angle
+from slhub.sim import cartpole
 
 #: Version of the ``nerd_arch`` buffer layout; bump when a field is added (2 added
 #: ``extra_dim``; version 1 buffers are read and written back unchanged).
@@ -40,7 +40,7 @@ LAYOUT_FEATURE_SET = 0
 
 #: Compiled-in feature sets of models made before layouts, by their ``nerd_arch`` code.
 FEATURE_SETS: dict[int, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
-    1: ("cartpole", STATE_NAMES, ACTION_NAMES),
+    1: ("cartpole", cartpole.STATE_NAMES, cartpole.ACTION_NAMES),
 }
 
 DTYPES: dict[str, torch.dtype] = {
@@ -259,21 +259,12 @@ class NerdLayout:
             raise ValueError(f"nerd_layout is damaged ({one_line(exc)})") from None
 
     def to_tensor(self) -> torch.Tensor:
-        encoded = json.dumps(self.to_dict(), sort_keys=True).encode("utf-8")
-        return torch.tensor(list(encoded), dtype=torch.uint8)
+        return json_buffer(self.to_dict())
 
     @classmethod
     def from_tensor(cls, tensor: torch.Tensor) -> NerdLayout:
         """Read ``nerd_layout`` back; raises ValueError for a damaged buffer."""
-        if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.uint8 or tensor.dim() != 1:
-            raise ValueError("nerd_layout must be a 1-D uint8 tensor")
-        try:
-            data = json.loads(bytes(tensor.tolist()).decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise ValueError(f"nerd_layout is damaged ({one_line(exc)})") from None
-        if not isinstance(data, dict):
-            raise ValueError("nerd_layout is damaged (not a JSON object)")
-        return cls.from_dict(data)
+        return cls.from_dict(read_json_buffer(tensor, "nerd_layout"))
 
     def check(self, arch: NerdArch) -> None:
         dims = (len(self.state_names), len(self.action_names), len(self.extra_names))

@@ -34,10 +34,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from slhub import ExportError, one_line
+from slhub import ExportError, atomic_write, one_line
 from slhub.builtin.nerd.export_names import EXPORT_FORMAT, KIND, MANIFEST
 from slhub.builtin.nerd.model import NerdModel, dtype_name
-from slhub.export import atomic_write, manifest_json, read_manifest, require_onnx
+from slhub.export import manifest_json, read_manifest, require_onnx
 
 ONNX_FILE = "model.onnx"
 INPUT = "tokens"

@@ -34,9 +34,9 @@ from slhub.builtin.nerd.loss import (
 from slhub.builtin.nerd.model import DTYPES, NerdLayout, NerdModel
 from slhub.builtin.nerd.sections import (
     SECTIONS,
-    DataSection,
     LossSection,
     ModelSection,
+    NerdDataSection,
     ValidationSection,
 )
 from slhub.data import TrainingData, WindowStream
@@ -63,7 +63,7 @@ class NerdPlugin:
     @hookimpl
     def build_model(self, trainer: Any) -> nn.Module:
         model_cfg: ModelSection = trainer.section("model")
-        data_cfg: DataSection = trainer.section("data")
+        data_cfg: NerdDataSection = trainer.section("data")
         val_cfg: ValidationSection = trainer.section("validation")
         loss_cfg: LossSection = trainer.section("loss")
         if data_cfg.window.pad:

@@ -7,7 +7,7 @@ lengths against horizons) are made in ``build_model``.
 - ``model``: history window, sizes, causal attention, normalization, which
   state components are angles (and whether they are also fed as sin/cos) and
   the precision the model is built, trained and exported in.
-- ``data``: slhub's one ``data:`` shape (:class:`slhub.data.DataSection`: path,
+- ``data``: slhub's one ``data:`` shape (:class:`slhub.data.DatasetSection`: path,
   format, split, window, features with the roles ``state``, ``action`` and
   ``extra``); without a ``path``, the cart-pole generator's cache directory and
   the sizes and seeds of its train and validation episodes (made once into
@@ -73,7 +73,7 @@ class ModelSection(BaseModel):
         )
 
 
-class DataSection(CartpoleDataSection):
+class NerdDataSection(CartpoleDataSection):
     """``data``: a dataset on disk (``path`` ...), or the cart-pole generator's episodes
     (:class:`slhub.data.CartpoleDataSection`; NeRD's defaults)."""
 
@@ -123,7 +123,7 @@ class ValidationSection(BaseModel):
 #: Section name -> model, as returned by the ``recipe_sections`` hook.
 SECTIONS: dict[str, type[BaseModel]] = {
     "model": ModelSection,
-    "data": DataSection,
+    "data": NerdDataSection,
     "loss": LossSection,
     "validation": ValidationSection,
 }

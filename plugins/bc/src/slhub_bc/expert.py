@@ -1,7 +1,7 @@
 """The scripted expert: an LQR controller on the linearized cart-pole, and its demonstrations.
 
 The dynamics are slhub's public cart-pole step
-(:func:`slhub.data.cartpole_step`, theta = 0 is upright). The
+(:func:`slhub.sim.cartpole.cartpole_step`, theta = 0 is upright). The
 expert linearizes that discrete step around the upright rest state by central
 differences, solves the discrete algebraic Riccati equation by fixed-point
 iteration and applies ``u = clip(-K s, -max_force, max_force)``.
@@ -24,15 +24,8 @@ from pathlib import Path
 
 import numpy as np
 from slhub import DatasetError
-from slhub.data import (
-    ACTION_NAMES,
-    DT,
-    STATE_NAMES,
-    ArrayEpisodes,
-    cartpole_step,
-    split_seed,
-    write_store,
-)
+from slhub.data import ArrayEpisodes, split_seed, write_store
+from slhub.sim import cartpole
 
 from slhub_bc.render import render
 
@@ -48,8 +41,12 @@ def linearize(eps: float = 1e-5) -> tuple[np.ndarray, np.ndarray]:
     for i in range(4):
         d = np.zeros(4)
         d[i] = eps
-        a[:, i] = (cartpole_step(zero + d, 0.0) - cartpole_step(zero - d, 0.0)) / (2 * eps)
-    b = (cartpole_step(zero, eps) - cartpole_step(zero, -eps))[:, None] / (2 * eps)
+        a[:, i] = (
+            cartpole.cartpole_step(zero + d, 0.0) - cartpole.cartpole_step(zero - d, 0.0)
+        ) / (2 * eps)
+    b = (cartpole.cartpole_step(zero, eps) - cartpole.cartpole_step(zero, -eps))[:, None] / (
+        2 * eps
+    )
     return a, b
 
 
@@ -103,7 +100,9 @@ def demonstrations(
     for t in range(length):
         applied = expert_action(states[:, t], max_force)[:, 0]
         applied = applied + noise * rng.standard_normal(num_episodes)
-        states[:, t + 1] = cartpole_step(states[:, t], np.clip(applied, -max_force, max_force))
+        states[:, t + 1] = cartpole.cartpole_step(
+            states[:, t], np.clip(applied, -max_force, max_force)
+        )
     return Demonstrations(states=states, actions=expert_action(states, max_force))
 
 
@@ -125,7 +124,7 @@ def demonstration_store(
     """The expert's demonstrations as a dataset in slhub's store, made once under
     ``cache_dir`` (keyed by every parameter, written atomically) and reused.
 
-    Features per step: ``state`` (:data:`slhub.data.STATE_NAMES`), the expert's clean
+    Features per step: ``state`` (:data:`slhub.sim.cartpole.STATE_NAMES`), the expert's clean
     ``action`` (``force``) and, with ``images``, ``image``: the rendered frame as
     ``64 x 64 x 1`` uint8. Splits ``train`` (``seed``) and ``validation`` (``seed + 1``).
     """
@@ -155,7 +154,10 @@ def demonstration_store(
                 episode["image"] = np.round(render(states) * 255).astype(np.uint8)[..., None]
             episodes.append(episode)
     source = ArrayEpisodes(
-        episodes, fps=1.0 / DT, names={"state": STATE_NAMES, "action": ACTION_NAMES}, splits=splits
+        episodes,
+        fps=1.0 / cartpole.DT,
+        names={"state": cartpole.STATE_NAMES, "action": cartpole.ACTION_NAMES},
+        splits=splits,
     )
     try:
         write_store(source, destination, provenance={"generator": "slhub_bc.expert", **params})

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors.torch import load_file, save
-from slhub import CheckpointError, ExportError, one_line
-from slhub.export import atomic_write, export_file, manifest_json
+from slhub import CheckpointError, ExportError, atomic_write, one_line
+from slhub.export import export_file, manifest_json
 
 from slhub_bc.model import Policy, StatePolicy, VisualPolicy
 

@@ -28,7 +28,8 @@ import numpy as np
 import torch
 from pydantic import BaseModel
 from slhub import LossResult, RecipeError, hookimpl
-from slhub.data import PAD_SUFFIX, TrainingData, WindowStream, cartpole_step
+from slhub.data import PAD_SUFFIX, TrainingData, WindowStream
+from slhub.sim import cartpole
 
 from slhub_bc import augment
 from slhub_bc.data import IMAGE, STATE, cameras, offsets_of, open_data, to_batch
@@ -259,6 +260,6 @@ def balanced_fraction(
     for now in range(cfg.rollout_steps):
         history = np.stack([states[max(now + int(o), 0)] for o in steps], axis=1)
         force = np.clip(act(history), -max_force, max_force)
-        states.append(cartpole_step(states[-1], force))
+        states.append(cartpole.cartpole_step(states[-1], force))
         upright &= np.abs(states[-1][:, 1]) < cfg.balance_angle
     return float(upright.mean())

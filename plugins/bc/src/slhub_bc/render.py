@@ -10,7 +10,7 @@ changes the image; parts outside the frame are cut off. Values lie in [0, 1].
 from __future__ import annotations
 
 import numpy as np
-from slhub.data import HALF_LENGTH
+from slhub.sim import cartpole
 
 SIZE = 64
 PIXEL = 0.04
@@ -33,9 +33,9 @@ def render(states: np.ndarray) -> np.ndarray:
     qy = np.abs(_PY) - np.float32(CART_HALF[1])
     cart = np.hypot(np.maximum(qx, 0), np.maximum(qy, 0)) + np.minimum(np.maximum(qx, qy), 0)
     # Pole: distance to the segment from (x, 0) to the tip, minus the radius.
-    dx, dy = 2 * HALF_LENGTH * np.sin(theta), 2 * HALF_LENGTH * np.cos(theta)
+    dx, dy = 2 * cartpole.HALF_LENGTH * np.sin(theta), 2 * cartpole.HALF_LENGTH * np.cos(theta)
     rx, ry = _PX - x, _PY
-    along = np.clip((rx * dx + ry * dy) / (4 * HALF_LENGTH**2), 0.0, 1.0)
+    along = np.clip((rx * dx + ry * dy) / (4 * cartpole.HALF_LENGTH**2), 0.0, 1.0)
     pole = np.hypot(rx - along * dx, ry - along * dy) - POLE_RADIUS
     frames = np.clip(0.5 - np.minimum(cart, pole) / PIXEL, 0.0, 1.0)
     return frames.reshape(lead + (SIZE, SIZE))

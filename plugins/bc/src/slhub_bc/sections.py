@@ -1,6 +1,6 @@
 """The recipe sections the ``bc`` plugin owns, validated before anything is built.
 
-- ``data``: slhub's one ``data:`` shape (:class:`slhub.data.DataSection`) with the
+- ``data``: slhub's one ``data:`` shape (:class:`slhub.data.DatasetSection`) with the
   roles ``observation`` (vector features, concatenated), ``image`` (one image
   feature per camera) and ``action``; without a ``path``, the LQR expert's cart-pole
   demonstrations (``demos``), written once into slhub's store under ``cache_dir``.
@@ -16,7 +16,7 @@ import os
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from slhub.data import DataSection
+from slhub.data import DatasetSection
 
 
 class DemoSection(BaseModel):
@@ -38,7 +38,7 @@ class DemoSection(BaseModel):
 GENERATOR_KEYS = ("demos",)
 
 
-class BcDataSection(DataSection):
+class BcDataSection(DatasetSection):
     """``data``: a dataset on disk (``path`` ...), or the expert's cart-pole demonstrations."""
 
     model_config = ConfigDict(extra="forbid")

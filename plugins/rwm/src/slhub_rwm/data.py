@@ -19,10 +19,11 @@ from typing import Any
 import numpy as np
 import torch
 from slhub import DatasetError
-from slhub.data import STATE_NAMES, Role, TrainingData
+from slhub.data import Role, TrainingData
+from slhub.sim import cartpole
 
 from slhub_rwm.model import RwmLayout
-from slhub_rwm.sections import DataSection, RwmSection
+from slhub_rwm.sections import RwmDataSection, RwmSection
 
 #: What RWM reads, by role; the defaults are the cart-pole store's feature names.
 ROLES = {
@@ -36,7 +37,7 @@ CARTPOLE_ANGLE = "theta"
 STD_FLOOR = 1e-6
 
 
-def open_data(cfg: DataSection, trainer: Any = None) -> TrainingData:
+def open_data(cfg: RwmDataSection, trainer: Any = None) -> TrainingData:
     """The dataset of ``cfg`` (made from the cart-pole generator when it names no path),
     split by episode and recorded in the run when ``trainer`` is given."""
     return TrainingData.open(cfg.resolved(), ROLES, trainer=trainer)
@@ -47,7 +48,7 @@ def layout_of(data: TrainingData, cfg: RwmSection) -> RwmLayout:
     state = data.layouts["state"].names
     angles = cfg.angles
     if angles is None:
-        angles = [CARTPOLE_ANGLE] if state == STATE_NAMES else []
+        angles = [CARTPOLE_ANGLE] if state == cartpole.STATE_NAMES else []
     extra = data.layouts["extra"].names if "extra" in data.layouts else ()
     try:
         return RwmLayout.from_names(

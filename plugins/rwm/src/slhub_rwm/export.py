@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from safetensors.torch import load_file, save
-from slhub import CheckpointError, ExportError, one_line
-from slhub.export import atomic_write, export_file, manifest_json
+from slhub import CheckpointError, ExportError, atomic_write, one_line
+from slhub.export import export_file, manifest_json
 
 from slhub_rwm.model import LAYOUT_KEY, STAT_KEYS, WorldModel
 

@@ -10,13 +10,12 @@ buffers ``input_mean``, ``input_std``, ``delta_mean`` and ``delta_std``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 
 import torch
 from slhub import one_line
-from slhub.data import wrap_angle
+from slhub.data import json_buffer, read_json_buffer, wrap_angle
 from torch import nn
 
 #: The buffer holding the layout (and the mark of an RWM state dict).
@@ -111,21 +110,12 @@ class RwmLayout:
             raise ValueError(f"rwm_layout is damaged ({one_line(exc)})") from None
 
     def to_tensor(self) -> torch.Tensor:
-        encoded = json.dumps(self.to_dict(), sort_keys=True).encode("utf-8")
-        return torch.tensor(list(encoded), dtype=torch.uint8)
+        return json_buffer(self.to_dict())
 
     @classmethod
     def from_tensor(cls, tensor: torch.Tensor) -> RwmLayout:
         """Read ``rwm_layout`` back; raises ValueError for a damaged buffer."""
-        if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.uint8 or tensor.dim() != 1:
-            raise ValueError("rwm_layout must be a 1-D uint8 tensor")
-        try:
-            data = json.loads(bytes(tensor.tolist()).decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise ValueError(f"rwm_layout is damaged ({one_line(exc)})") from None
-        if not isinstance(data, dict):
-            raise ValueError("rwm_layout is damaged (not a JSON object)")
-        return cls.from_dict(data)
+        return cls.from_dict(read_json_buffer(tensor, "rwm_layout"))
 
 
 class WorldModel(nn.Module):

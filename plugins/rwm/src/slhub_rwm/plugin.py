@@ -26,7 +26,7 @@ from slhub_rwm.data import (
 )
 from slhub_rwm.export import export_checkpoint
 from slhub_rwm.model import RwmLayout, WorldModel
-from slhub_rwm.sections import SECTION, SECTIONS, DataSection, RwmSection
+from slhub_rwm.sections import SECTION, SECTIONS, RwmDataSection, RwmSection
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 #: Validation windows evaluated at once (bounds memory on a large held-out split).
@@ -50,7 +50,7 @@ class RwmPlugin:
     @hookimpl
     def build_model(self, trainer: Any) -> torch.nn.Module:
         cfg: RwmSection = trainer.section(SECTION)
-        data_cfg: DataSection = trainer.section("data")
+        data_cfg: RwmDataSection = trainer.section("data")
         if data_cfg.window.pad:
             raise RecipeError(
                 "data.window.pad: RWM trains on whole windows only (an anchor whose window "

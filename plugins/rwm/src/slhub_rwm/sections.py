@@ -4,7 +4,7 @@
   size, which state components are angles, the precision and the validation
   stride. Lengths are checked against the dataset in ``build_model``, which is the
   first place that knows its episodes.
-- ``data``: slhub's one ``data:`` shape (:class:`slhub.data.DataSection`: path,
+- ``data``: slhub's one ``data:`` shape (:class:`slhub.data.DatasetSection`: path,
   format, split, window, features with the roles ``state``, ``action`` and
   ``extra``); without a ``path``, the cart-pole generator's cache directory and the
   sizes and seeds of its train and validation episodes (made once into slhub's
@@ -53,16 +53,16 @@ class RwmSection(BaseModel):
         return self.history + self.horizon
 
 
-class DataSection(CartpoleDataSection):
+class RwmDataSection(CartpoleDataSection):
     """``data``: a dataset on disk (``path`` ...), or the cart-pole generator's episodes
     (:class:`slhub.data.CartpoleDataSection`; RWM's defaults)."""
 
     model_config = ConfigDict(extra="forbid")
 
     cache_dir: str = Field(default=".cache/slhub-rwm", min_length=1)
-    train: GeneratedSplit = GeneratedSplit(num_trajectories=64, length=100, seed=0)
-    val: GeneratedSplit = GeneratedSplit(num_trajectories=16, length=100, seed=1)
+    generated_train: GeneratedSplit = GeneratedSplit(num_trajectories=64, length=100, seed=0)
+    generated_validation: GeneratedSplit = GeneratedSplit(num_trajectories=16, length=100, seed=1)
 
 
 #: Section name -> model, as returned by the ``recipe_sections`` hook.
-SECTIONS: dict[str, type[BaseModel]] = {SECTION: RwmSection, "data": DataSection}
+SECTIONS: dict[str, type[BaseModel]] = {SECTION: RwmSection, "data": RwmDataSection}

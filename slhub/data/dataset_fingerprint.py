@@ -1,4 +1,4 @@
-"""Dataset identity and episode splits: what a run records about the data it trained on.
+"""Dataset fingerprints and episode splits: what a run records about the data it trained on.
 
 A dataset's :func:`fingerprint` is its format, its layout (every feature's shape,
 dtype and names), its episode lengths and a sha256 of its files' bytes. The digest
@@ -25,7 +25,7 @@ from slhub.errors import DatasetError
 
 
 def fingerprint(dataset: EpisodeDataset) -> dict[str, Any]:
-    """The identity of ``dataset`` as plain data (run.json and the checkpoint record it)."""
+    """The fingerprint of ``dataset`` as plain data (run.json and the checkpoint record it)."""
     lengths = np.asarray(dataset.lengths, dtype=np.int64)
     return {
         "format": dataset.format,

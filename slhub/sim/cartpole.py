@@ -1,12 +1,13 @@
-"""Cart-pole trajectories made in numpy: data without a simulator or a download.
+"""The cart-pole simulated in numpy: data without a simulator library or a download.
 
 NeRD, the world model of ``slhub-rwm`` and the expert of ``slhub-bc`` all learn
-the same system, so its dynamics live here once. Classic cart-pole (Barto,
-Sutton & Anderson 1983, as in Gym's ``CartPole``): cart mass 1, pole mass 0.1,
-pole half-length 0.5, g = 9.8, dt = 0.02, integrated with **semi-implicit
-Euler** (velocities first, then positions with the new velocities). The pole
-angle is wrapped to [-pi, pi) and theta = 0 is upright. Initial states and
-per-step forces are random and continuous.
+the same system, so its dynamics live here once (plugins import it as
+``from slhub.sim import cartpole``; it needs neither mujoco nor gymnasium).
+Classic cart-pole (Barto, Sutton & Anderson 1983, as in Gym's ``CartPole``):
+cart mass 1, pole mass 0.1, pole half-length 0.5, g = 9.8, dt = 0.02,
+integrated with **semi-implicit Euler** (velocities first, then positions with
+the new velocities). The pole angle is wrapped to [-pi, pi) and theta = 0 is
+upright. Initial states and per-step forces are random and continuous.
 
 A split is made deterministically from its arguments and cached on disk with
 :func:`slhub.data.cache.cached_arrays` (atomic files, memory-mapped reads).

@@ -41,8 +41,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from slhub.data.cache import cached_arrays
+from slhub.data.dataset_fingerprint import Split, fingerprint, split_episodes
 from slhub.data.episodes import AUTO, EpisodeDataset, Feature, open_dataset, refuse_short_episodes
-from slhub.data.identity import Split, fingerprint, split_episodes
 from slhub.data.statistics import feature_statistics
 from slhub.data.stream import WindowStream
 from slhub.data.windows import PAD_SUFFIX, Window, sample_anchors
@@ -93,7 +93,7 @@ class DecodeSection(BaseModel):
     )
 
 
-class DataSection(BaseModel):
+class DatasetSection(BaseModel):
     """``data``: a recorded dataset, its split, its windows and which features fill each role."""
 
     model_config = ConfigDict(extra="forbid")
@@ -187,7 +187,7 @@ class TrainingData:
     @classmethod
     def open(
         cls,
-        section: DataSection,
+        section: DatasetSection,
         roles: Mapping[str, Role],
         *,
         trainer: Any = None,
@@ -530,7 +530,7 @@ def _statistics_dir(cache_dir: Path | None) -> Path:
 def check_output_dir(output_dir: str | os.PathLike[str], sections: Mapping[str, Any]) -> None:
     """Refuse, in one line, an output directory through which a run would write into a
     dataset it reads: the ``path`` of every recipe section of the one ``data`` shape
-    (:class:`DataSection`). Refused: the dataset itself, a folder inside it, and a folder
+    (:class:`DatasetSection`). Refused: the dataset itself, a folder inside it, and a folder
     that contains a dataset directory (a file dataset may sit in the output directory).
     Paths are compared with every symlink resolved. Called at admission, before the run
     directory is created or anything is written.
@@ -539,7 +539,7 @@ def check_output_dir(output_dir: str | os.PathLike[str], sections: Mapping[str, 
     """
     out = real_path(output_dir)
     for name, section in sections.items():
-        if not isinstance(section, DataSection) or section.path is None:
+        if not isinstance(section, DatasetSection) or section.path is None:
             continue
         data = real_path(section.path)
         if out == data:

@@ -1,4 +1,5 @@
-"""The NeRD export directory: ``model.safetensors`` + ``export.json``, and its predictor.
+"""The NeRD predictor runtime: its export directory (``model.safetensors`` +
+``export.json``), written and loaded.
 
 Inference-safe (torch, safetensors and the json standard library only): an
 export needs no training code, recipe or checkpoint to be used, and holds no
@@ -21,16 +22,16 @@ import torch
 from safetensors.torch import load_file, save
 from torch import nn
 
-from slhub import ExportError, one_line
+from slhub import ExportError, atomic_write, one_line
 from slhub.builtin.nerd.export_names import EXPORT_FORMAT, KIND, MANIFEST, WEIGHTS
 from slhub.builtin.nerd.model import ARCH_KEY, STAT_KEYS, NerdArch, NerdModel, dtype_name
-from slhub.export import atomic_write, export_file, manifest_json
+from slhub.export import export_file, manifest_json
 
 
 def write_export(model: NerdModel, out_dir: Path, provenance: dict[str, Any]) -> Path:
     """Write ``model`` into the empty directory ``out_dir``.
 
-    Each file is written atomically (:func:`slhub.export.atomic_write`) and
+    Each file is written atomically (:func:`slhub.atomic_write`) and
     ``export.json`` last, so a directory holding it holds a whole export. The
     weights are removed again when the manifest cannot be written.
 
