@@ -12,7 +12,7 @@ import torch
 from pydantic import ValidationError
 from slhub import DatasetError, LossResult
 from slhub.data import STATE_NAMES, cartpole_step, wrap_angle
-from slhub.testing import check_resume_and_revalidate, hooks_of
+from slhub.testing import build, check_resume_and_revalidate, hooks_of
 
 from slhub_rwm.data import window_offsets
 from slhub_rwm.model import LAYOUT_KEY, RwmLayout, WorldModel
@@ -38,7 +38,7 @@ def data(tmp_path):
 
 def _built(section, data, make_trainer, batch_size=8):
     plugin, trainer = RwmPlugin(), make_trainer(section, data, batch_size)
-    return plugin, trainer, trainer.build(plugin)  # torch seeded as the loop seeds it
+    return plugin, trainer, build(trainer, plugin)  # torch seeded as the loop seeds it
 
 
 def _follows_dynamics(states: np.ndarray, actions: np.ndarray) -> np.ndarray:
