@@ -47,7 +47,9 @@ from pydantic import ValidationError
 from slhub import checkpoint, registry
 from slhub.errors import CheckpointError, DatasetError, RecipeError, SlhubError, one_line, shown
 from slhub.export.command import choose_exporter
+from slhub.hookspecs import Trainer
 from slhub.recipe import apply_overrides, format_validation_error
+from slhub.standalone import Standalone
 
 #: ``--actions``: how fresh episodes' actions are drawn (:mod:`slhub.sim.actions`).
 ACTIONS = ("uniform", "smooth")
@@ -55,13 +57,14 @@ ACTIONS = ("uniform", "smooth")
 
 @dataclass
 class Prepared:
-    """A checkpoint's model plugin, a stand-in trainer holding its recipe's sections, and
-    its model with the weights the run validated, in eval mode: what ``slhub eval``
-    validates, and what a script plotting the model's predictions starts from."""
+    """A checkpoint's model plugin, a trainer without a loop holding its recipe's sections
+    (the :class:`slhub.Trainer` view its hooks receive), and its model with the weights
+    the run validated, in eval mode: what ``slhub eval`` validates, and what a script
+    plotting the model's predictions starts from."""
 
     checkpoint: checkpoint.Checkpoint
     plugin: Any
-    trainer: Any
+    trainer: Trainer
     model: torch.nn.Module
 
     def validate(self) -> dict[str, float]:
@@ -107,8 +110,6 @@ def prepared(
     :raises DatasetError: ``env``'s or ``data.path``'s components are not the model's.
     :raises RecipeError, PluginError, SimulatorError: a bad option, override, plugin or env.
     """
-    from slhub.testing import StandInTrainer
-
     _check_options(env, episodes, steps, seed, actions, video)
     path = Path(checkpoint_path)
     ckpt = checkpoint.load(path)
@@ -159,13 +160,13 @@ def prepared(
             _same_layout(ckpt, recipe, overrides, f"--set data.path={shown(where)}", None)
         sections = _validated(declared, recipe, path, overrides)
         try:
-            trainer = StandInTrainer(model_plugin, sections, **recipe["trainer"])
+            backend = Standalone(model_plugin, sections, **recipe["trainer"])
         except ValidationError as exc:
             raise RecipeError(
                 format_validation_error(str(path), exc, prefix="trainer", overrides=overrides)
             ) from None
         try:
-            model = trainer.build(model_plugin)
+            model = backend.build(model_plugin)
         except SlhubError as exc:
             if collected is None:
                 raise
@@ -173,14 +174,14 @@ def prepared(
             message = str(exc).replace(str(collected / "episodes"), f"{env}'s episodes")
             raise type(exc)(message) from None
         if collected is None and not any(o.startswith("data.") for o in overrides):
-            _same_datasets(ckpt, trainer, path)
+            _same_datasets(ckpt, backend.datasets, path)
         try:
             model.load_state_dict(ckpt.evaluation_weights)
         except RuntimeError as exc:
             raise CheckpointError(
                 f"{path}: its weights do not fit the model its recipe builds ({one_line(exc)})"
             ) from None
-        yield Prepared(ckpt, model_plugin, trainer, model.eval())
+        yield Prepared(ckpt, model_plugin, backend.view, model.eval())
     finally:
         if collected is not None:
             shutil.rmtree(collected, ignore_errors=True)
@@ -369,11 +370,14 @@ def _collect(
     return folder
 
 
-def _same_datasets(ckpt: checkpoint.Checkpoint, trainer: Any, path: Path) -> None:
+def _same_datasets(
+    ckpt: checkpoint.Checkpoint, current: dict[str, dict[str, Any]], path: Path
+) -> None:
+    """Refuse a dataset (recorded by ``build_model`` in ``current``) that changed since
+    the run recorded it."""
     from slhub.data.dataset_fingerprint import differences
 
     recorded = (ckpt.run or {}).get("datasets") or {}
-    current = getattr(trainer, "datasets", {}) or {}
     for name, entry in recorded.items():
         now = current.get(name)
         if now is None:

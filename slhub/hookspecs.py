@@ -79,8 +79,10 @@ class Trainer(Protocol):
     """What every hook receives as ``trainer``: one rank's view of the running loop.
 
     Plugins read the recipe and the rank's situation here and never reach into
-    the engine behind it, so the engine can change without breaking plugins.
-    :class:`slhub.testing.StandInTrainer` implements it for unit tests.
+    the engine behind it, so the engine can change without breaking plugins: a
+    hook receives a view (:class:`slhub.view.TrainerView`) holding exactly these
+    members, and reading or setting anything else raises ``AttributeError``.
+    :func:`slhub.testing.StandInTrainer` builds the same view for unit tests.
     """
 
     #: The validated ``trainer:`` section (steps, batch_size, lr, seed, ...).
@@ -131,6 +133,12 @@ class Trainer(Protocol):
         From ``validate`` (rank 0) it writes the state gathered at that boundary
         and issues no collective; anywhere else every rank must call it. Returns
         the path on rank 0, None elsewhere.
+        """
+
+    def register_state(self, name: str, obj: Any) -> None:
+        """Register an object with ``state_dict()``/``load_state_dict(state)`` (and
+        optionally ``close()``) with the checkpoint component under ``name``: saved per
+        rank at every boundary, restored on resume, closed at run end.
         """
 
 

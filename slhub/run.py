@@ -278,7 +278,7 @@ def _admit(
                 if plan.path is None or str(exc).startswith(str(plan.path)):
                     raise
                 raise CheckpointError(f"{plan.path}: {exc}") from None
-        loop.hook.admit(trainer=loop)  # the plugins' last word, before any artifact
+        loop.hook.admit(trainer=loop.view)  # the plugins' last word, before any artifact
     except Exception as exc:  # noqa: BLE001 - held for the agreement
         return run_lock, None, None, _logged(exc)
     return run_lock, loop, plan, None

@@ -1,8 +1,9 @@
 """Test helpers for plugin authors (and slhub's own tests).
 
-- :class:`StandInTrainer` implements the :class:`slhub.Trainer` protocol without
-  a loop, so a plugin's hooks can be unit-tested directly, with its recipe
-  sections validated by the plugin's own models.
+- :func:`StandInTrainer` is the :class:`slhub.Trainer` view a run hands its
+  hooks, without a loop, so a plugin's hooks can be unit-tested directly, with
+  its recipe sections validated by the plugin's own models; :func:`build` builds
+  the plugin's model on it and :func:`stand_in` reaches what is behind the view.
 - :func:`hooks_of` calls a plugin's hooks as the loop does (keyword arguments,
   any subset of the documented parameters per implementation).
 - :func:`sampler_generator` is the generator a rank samples with, to rebuild a
@@ -36,27 +37,26 @@ from typing import Any
 
 import pluggy
 import torch
-from pydantic import BaseModel
 from torch import nn
 
 from slhub import checkpoint, hookspecs, rng
 from slhub.checkpoint import Checkpoint
-from slhub.errors import PluginError
-from slhub.hookspecs import hookimpl
-from slhub.optim import OptimSection, ScheduleSection, build_optimizer, build_schedule
+from slhub.hookspecs import Trainer, hookimpl
 from slhub.preemption import EXIT_PREEMPTED, Preempted
-from slhub.recipe import TrainerConfig, as_recipe
-from slhub.trainer import TrainerBase
+from slhub.recipe import as_recipe
+from slhub.standalone import Standalone, standalone_of, standalone_trainer
 
 __all__ = [
     "ResumeCheck",
     "StandInTrainer",
     "StopAt",
     "assert_tree_equal",
+    "build",
     "check_resume_and_revalidate",
     "check_resume_exact",
     "hooks_of",
     "sampler_generator",
+    "stand_in",
 ]
 
 
@@ -79,8 +79,19 @@ def sampler_generator(seed: int, rank: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(rng.derived_seed(seed, rank, "sampler"))
 
 
-class StandInTrainer(TrainerBase):
-    """What hooks receive as ``trainer``, without a training loop.
+def StandInTrainer(
+    plugin: Any = None,
+    sections: Mapping[str, Any] | None = None,
+    *,
+    device: str | torch.device | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+    step: int = 0,
+    **trainer: Any,
+) -> Trainer:
+    """What hooks receive as ``trainer``, without a training loop: the same
+    :class:`slhub.Trainer` view a run hands its hooks, so a hook that reads anything
+    outside the protocol fails here as it would in a run.
 
     :param plugin: when given, raw section mappings in ``sections`` are
         validated with the models its ``recipe_sections`` hook declares, and
@@ -88,77 +99,36 @@ class StandInTrainer(TrainerBase):
     :param sections: section name -> validated pydantic model or raw mapping.
     :param device: the device; default ``trainer.device`` when given (``auto``:
         CUDA when visible, else CPU), else CPU.
+    :param rank: ``trainer.rank``; ``world_size`` and ``step`` likewise.
     :param trainer: ``trainer:`` keys (``batch_size``, ``seed``, ``lr``,
         ``output_dir``...); ``steps=1``, ``batch_size=8``, ``lr=1e-3`` and
         ``output_dir`` are filled in when absent.
 
-    ``save()`` records the names it was asked for in :attr:`saved` and writes
-    nothing.
+    :func:`build` builds the plugin's model on it; :func:`stand_in` reaches what
+    is behind the view, for a test to change (``step``, ``model``...) or inspect
+    (``saved``: the names ``save()`` was asked for, which writes nothing;
+    ``registered``: what ``register_state`` received).
     """
-
-    def __init__(
-        self,
-        plugin: Any = None,
-        sections: Mapping[str, Any] | None = None,
-        *,
-        device: str | torch.device | None = None,
-        rank: int = 0,
-        world_size: int = 1,
-        step: int = 0,
-        **trainer: Any,
-    ) -> None:
-        keys = {"steps": 1, "batch_size": 8, "lr": 1e-3, "output_dir": "outputs/stand-in"}
-        self.config = TrainerConfig.model_validate({**keys, **trainer})
-        choice = device if device is not None else trainer.get("device", "cpu")
-        if isinstance(choice, str) and choice == "auto":
-            choice = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(choice)
-        self.rank = rank
-        self.world_size = world_size
-        self.step = step
-        self.output_dir = Path(self.config.output_dir)
-        self.run_id: str | None = "stand-in"
-        self.generator = sampler_generator(self.config.seed, rank)
-        self.model: nn.Module | None = None
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.scheduler: Any = None
-        self.saved: list[str | None] = []
-        self._sections = _validated(plugin, dict(sections or {}))
-
-    def save(self, name: str | None = None) -> Path | None:
-        self.saved.append(name)
-        return None
-
-    def build(
-        self, plugin: Any, optim: Mapping[str, Any] | None = None, schedule: Any = None
-    ) -> nn.Module:
-        """Call ``plugin.build_model`` seeded as the loop seeds it; keep the model and give
-        it the optimizer and schedule the built-in default makes from the recipe sections
-        ``optim`` and ``schedule`` (given as mappings; default Adam, constant)."""
-        rng.seed_everything(self.config.seed)
-        model = plugin.build_model(trainer=self)
-        self.model = model.to(self.device)
-        self.optimizer = build_optimizer(
-            self.model.parameters(), self.config.lr, OptimSection.model_validate(optim or {})
-        )
-        self.scheduler = build_schedule(
-            self.optimizer, ScheduleSection.model_validate(schedule or {}), self.config.steps
-        )
-        return self.model
+    return standalone_trainer(
+        plugin, sections, device=device, rank=rank, world_size=world_size, step=step, **trainer
+    )
 
 
-def _validated(plugin: Any, sections: dict[str, Any]) -> dict[str, Any]:
-    if plugin is None or not hasattr(plugin, "recipe_sections"):
-        return sections
-    models: dict[str, type[BaseModel]] = plugin.recipe_sections() or {}
-    unknown = sorted(set(sections) - set(models))
-    if unknown:
-        raise PluginError(f"the plugin owns no section {', '.join(unknown)}")
-    out = {}
-    for name, model in models.items():
-        value = sections.get(name, {})
-        out[name] = value if isinstance(value, BaseModel) else model.model_validate(value or {})
-    return out
+def stand_in(trainer: Trainer) -> Standalone:
+    """The :class:`slhub.standalone.Standalone` behind a :func:`StandInTrainer`: set its
+    ``step``, ``model``, ``optimizer`` or ``scheduler`` (the view reads them live), read
+    its ``saved`` and ``registered``."""
+    return standalone_of(trainer)
+
+
+def build(
+    trainer: Trainer, plugin: Any, optim: Mapping[str, Any] | None = None, schedule: Any = None
+) -> nn.Module:
+    """Call ``plugin.build_model`` on a :func:`StandInTrainer` seeded as the loop seeds
+    it; keep the model (``trainer.model``) and give it the optimizer and schedule the
+    built-in default makes from the recipe sections ``optim`` and ``schedule`` (given
+    as mappings; default Adam, constant). Returns the model."""
+    return standalone_of(trainer).build(plugin, optim, schedule)
 
 
 # ---------------------------------------------------------------- exact resume
@@ -218,7 +188,7 @@ class ResumeCheck:
         return [record for record in map(json.loads, lines) if record["step"] > step]
 
     def revalidate(
-        self, plugin: Any, trainer: StandInTrainer, step: int
+        self, plugin: Any, trainer: Trainer, step: int
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """Validate the resumed run's final weights again, outside any loop.
 
@@ -229,7 +199,7 @@ class ResumeCheck:
         computes and the validation record the run logged at ``step``: whether the
         checkpoint is the plugin's model and reproduces what the run reported.
         """
-        model = trainer.build(plugin)
+        model = build(trainer, plugin)
         model.load_state_dict(self.final("resumed").evaluation_weights)
         with torch.no_grad():
             (metrics,) = hooks_of(plugin).validate(trainer=trainer, model=model.eval(), step=step)
@@ -275,7 +245,7 @@ class StopAt:
     """
 
     @hookimpl
-    def on_commit(self, trainer: Any, step: int) -> None:
+    def on_commit(self, trainer: Trainer, step: int) -> None:
         target = int(os.environ.get(STOP_AT_ENV, "0") or 0)
         if target and trainer.rank == 0 and step == target - 1:
             os.kill(os.getpid(), signal.SIGUSR1)
@@ -428,7 +398,7 @@ def check_resume_and_revalidate(
     ranks, and :class:`StopAt` as its last extra plugin; both runs log the same
     records after ``stop_at``, validating exactly every ``validate_every``
     updates (at least once); and :meth:`ResumeCheck.revalidate`, on a
-    :class:`StandInTrainer` holding the run's recorded ``trainer`` keys and
+    :func:`StandInTrainer` holding the run's recorded ``trainer`` keys and
     ``plugin``'s sections, gives the last logged validation: the same metric
     names, each within ``rel_tol``/``abs_tol``. ``resume`` goes to
     :func:`check_resume_exact` (``workers``, ``overrides``, ``cwd``,

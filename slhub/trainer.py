@@ -31,8 +31,9 @@
     on_fit_end(status)                         # every rank: "done", "preempted" or "failed"
 
 DDP wraps the objective computation (model + loss), never ``loop.model``, which
-stays the original module for validation, saving and export. The loop is what
-hooks receive as ``trainer``: it implements :class:`slhub.hookspecs.Trainer`.
+stays the original module for validation, saving and export. Hooks receive the
+loop's :attr:`Loop.view` as ``trainer``: the :class:`slhub.hookspecs.Trainer`
+members of the loop, and nothing else of it.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ from slhub.optim import MixedPrecision
 from slhub.preemption import Preempted, StopSignals
 from slhub.recipe import Recipe, TrainerConfig
 from slhub.registry import Plugins, direct_caller
+from slhub.view import TrainerView
 
 LOG = log.get_logger()
 
@@ -80,7 +82,7 @@ class _Objective(nn.Module):
 
     def forward(self, batch: Any, step: int) -> LossResult:
         loop, model = self._plain
-        result = loop.calls.objective(trainer=loop, model=model, batch=batch, step=step)
+        result = loop.calls.objective(trainer=loop.view, model=model, batch=batch, step=step)
         if not isinstance(result, LossResult):
             raise PluginError(
                 f"objective returned {type(result).__name__}, expected slhub.LossResult"
@@ -94,7 +96,8 @@ class _Objective(nn.Module):
 class TrainerBase:
     """The :class:`slhub.Trainer` protocol's accessors, derived from ``rank``, ``config``
     and ``_sections`` (validated recipe sections by name): shared by the loop and
-    :class:`slhub.testing.StandInTrainer`, so a plugin sees the same answers from both."""
+    :class:`slhub.standalone.Standalone` (``slhub eval``, :mod:`slhub.testing`), so a
+    plugin sees the same answers from both."""
 
     rank: int
     config: TrainerConfig
@@ -131,7 +134,7 @@ class TrainerBase:
 
 
 class Loop(TrainerBase):
-    """One rank's training loop; every hook receives it as ``trainer``."""
+    """One rank's training loop; every hook receives its :attr:`view` as ``trainer``."""
 
     def __init__(self, recipe: Recipe, plugins: Plugins, device: torch.device) -> None:
         self.recipe = recipe
@@ -152,9 +155,11 @@ class Loop(TrainerBase):
         self.dataset_changes: list[str] = []
         self._in_commit = False
         self._held: tuple[str, BaseException] | None = None
+        #: What every hook receives as ``trainer``: the protocol's members of this loop.
+        self.view = TrainerView(self)
 
         rng.seed_everything(self.config.seed)  # identical model init on every rank
-        model = self.hook.build_model(trainer=self)
+        model = self.hook.build_model(trainer=self.view)
         if not isinstance(model, nn.Module):
             raise PluginError(
                 f"{plugins.model.describe()} build_model returned "
@@ -177,7 +182,7 @@ class Loop(TrainerBase):
         self.calls: _Calls | None = None
 
     def _configure_optimizers(self):
-        built = self.hook.configure_optimizers(trainer=self, model=self.model)
+        built = self.hook.configure_optimizers(trainer=self.view, model=self.model)
         if isinstance(built, tuple) and len(built) != 2:
             raise PluginError(
                 f"configure_optimizers returned a tuple of {len(built)}, expected an optimizer "
@@ -258,7 +263,7 @@ class Loop(TrainerBase):
 
     def _end(self, status: str) -> None:
         try:
-            self.hook.on_fit_end(trainer=self, status=status)
+            self.hook.on_fit_end(trainer=self.view, status=status)
         except Exception as exc:  # noqa: BLE001 - the run's outcome is already decided
             log.failure("on_fit_end failed", exc)
 
@@ -301,7 +306,7 @@ class Loop(TrainerBase):
             for micro in range(count):
                 final = micro == count - 1
                 phase = "sampling"
-                batch = self.calls.sample(trainer=self, generator=self.generator, step=step)
+                batch = self.calls.sample(trainer=self.view, generator=self.generator, step=step)
                 if batch is None:
                     raise PluginError(
                         "sample returned None (the model plugin's sample must return the batch)"
@@ -360,7 +365,7 @@ class Loop(TrainerBase):
         accumulating = self.config.accumulate > 1
         share = float(self.world_size) if accumulating else total
         if weight > 0 and (accumulating or (total or 0.0) > 0):
-            scaled = self.calls.scale_loss(trainer=self, result=result, total_weight=share)
+            scaled = self.calls.scale_loss(trainer=self.view, result=result, total_weight=share)
         else:
             scaled = self._exact_zero()
         if self.precision.scaler is not None:
@@ -430,7 +435,9 @@ class Loop(TrainerBase):
             if self.calls.on_commit is not None:
                 self._in_commit = True
                 try:
-                    self.calls.on_commit(trainer=self, step=step, result=result, metrics=metrics)
+                    self.calls.on_commit(
+                        trainer=self.view, step=step, result=result, metrics=metrics
+                    )
                 finally:
                     self._in_commit = False
                 metrics["step"] = step  # the one key a plugin may not change
@@ -484,7 +491,7 @@ class Loop(TrainerBase):
         self.checkpoints.in_validation = True
         try:
             with self.ema.swapped_in() if self.ema is not None else nullcontext():
-                results = self.hook.validate(trainer=self, model=self.model, step=step)
+                results = self.hook.validate(trainer=self.view, model=self.model, step=step)
         finally:
             self.checkpoints.in_validation = False
         merged: dict[str, Any] = {}
@@ -501,7 +508,7 @@ class Loop(TrainerBase):
         assert self.metrics is not None
         self.metrics.append(line)
         if self.calls.on_log is not None:
-            self.calls.on_log(trainer=self, step=line["step"], metrics=line)
+            self.calls.on_log(trainer=self.view, step=line["step"], metrics=line)
 
     def _agree_final(self) -> None:
         failure, self._held = self._held, None
@@ -522,7 +529,7 @@ class Loop(TrainerBase):
     def _local_state(self) -> dict[str, Any]:
         """This rank's ``state_dict`` contributions, every plugin's merged."""
         local: dict[str, Any] = {}
-        for part in self.calls.state_dict(trainer=self):
+        for part in self.calls.state_dict(trainer=self.view):
             for key, value in (part or {}).items():
                 if key in local:
                     raise PluginError(f"two plugins contribute checkpoint key {key!r}")

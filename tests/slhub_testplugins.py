@@ -536,3 +536,31 @@ class NonFinite:
     @hookimpl
     def validate(self, trainer, model, step):
         return {"nan": float("nan"), "inf": float("inf"), "ninf": float("-inf"), "ok": 1.5}
+
+
+class ReachesIntoEngine(SlDdpPlugin):
+    """sl_ddp whose hook ``SLHUB_REACH_HOOK`` (``build_model``, ``admit``, ``on_commit``
+    or ``validate``) reads ``trainer.<SLHUB_REACH_ATTR>``: an attribute of the engine,
+    not of the :class:`slhub.Trainer` protocol."""
+
+    def _reach(self, trainer, hook: str) -> None:
+        if os.environ.get("SLHUB_REACH_HOOK") == hook:
+            getattr(trainer, os.environ["SLHUB_REACH_ATTR"])
+
+    @hookimpl
+    def build_model(self, trainer) -> nn.Module:
+        self._reach(trainer, "build_model")
+        return super().build_model(trainer)
+
+    @hookimpl
+    def admit(self, trainer) -> None:
+        self._reach(trainer, "admit")
+
+    @hookimpl
+    def on_commit(self, trainer) -> None:
+        self._reach(trainer, "on_commit")
+
+    @hookimpl
+    def validate(self, trainer, model, step):
+        self._reach(trainer, "validate")
+        return super().validate(trainer, model, step)

@@ -90,7 +90,7 @@ def _oracle(recipe_path: Path, steps: int) -> tuple[dict, dict]:
     import yaml
 
     from examples.sl_ddp.plugin import masked_mse
-    from slhub.testing import StandInTrainer, hooks_of, sampler_generator
+    from slhub.testing import StandInTrainer, build, hooks_of, sampler_generator
     from slhub_testplugins import OracleProbe
 
     recipe = yaml.safe_load(recipe_path.read_text())
@@ -103,7 +103,7 @@ def _oracle(recipe_path: Path, steps: int) -> tuple[dict, dict]:
         lr=cfg["lr"],
         seed=cfg["seed"],
     )
-    model = trainer.build(plugin)  # seeded as the loop seeds it; Adam(lr) as the loop's
+    model = build(trainer, plugin)  # seeded as the loop seeds it; Adam(lr) as the loop's
     optimizer = trainer.optimizer
     hooks = hooks_of(plugin)
     generators = [sampler_generator(cfg["seed"], r) for r in (0, 1)]

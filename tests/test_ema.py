@@ -33,6 +33,7 @@ from slhub.recipe import EmaSection, as_recipe, recipe_digest
 from slhub.testing import (
     StandInTrainer,
     assert_tree_equal,
+    build,
     check_resume_and_revalidate,
     check_resume_exact,
 )
@@ -246,7 +247,7 @@ def test_best_is_picked_by_the_averaged_weights_validation(tmp_path: Path):
     chosen = checkpoint.load(out / "best.pt")
     model = SlDdpPlugin()
     stand_in = StandInTrainer(model, {}, steps=12, batch_size=16, lr=1e-3)
-    net = stand_in.build(model)
+    net = build(stand_in, model)
     net.load_state_dict(chosen.evaluation_weights)
     logged = {r["step"]: r["validation/mse"] for r in metrics_of(out) if "validation/mse" in r}
     x, y, mask = model.validation_corpus

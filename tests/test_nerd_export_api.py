@@ -24,7 +24,7 @@ from slhub.builtin.nerd.plugin import NerdPlugin
 from slhub.builtin.nerd.predictor import NerdPredictor, write_export
 from slhub.data import ArrayEpisodes, open_dataset, write_store
 from slhub.export import load
-from slhub.testing import StandInTrainer
+from slhub.testing import StandInTrainer, build
 
 NERD = REPO / "examples" / "nerd" / "cartpole" / "sl.train.yaml"
 HISTORY, HORIZONS = 4, [2, 9]
@@ -130,7 +130,7 @@ def _validation_rollouts(run: Path, monkeypatch) -> tuple[list[tuple], dict[str,
     trainer = StandInTrainer(
         plugin, sections, seed=recipe["trainer"]["seed"], batch_size=recipe["trainer"]["batch_size"]
     )
-    model = trainer.build(plugin)
+    model = build(trainer, plugin)
     model.load_state_dict(ckpt["model"])
     calls: list[tuple] = []
     real = NerdModel.rollout

@@ -13,7 +13,7 @@ import torch
 from pydantic import ValidationError
 from safetensors import safe_open
 
-from slhub import checkpoint
+from slhub import Trainer, checkpoint, testing
 from slhub.builtin.nerd.model import NerdArch, NerdModel
 from slhub.builtin.nerd.plugin import NerdPlugin
 from slhub.builtin.nerd.predictor import load_export
@@ -36,7 +36,7 @@ TINY_DATA = {
 }
 
 
-def stand_in(tmp_path: Path, batch_size: int = 8, **sections: dict) -> StandInTrainer:
+def stand_in(tmp_path: Path, batch_size: int = 8, **sections: dict) -> Trainer:
     """A stand-in trainer with tiny nerd sections, validated by the plugin's own models."""
     raw = {
         "model": {"history": 5, "width": 16, "layers": 1, "heads": 2},
@@ -51,11 +51,11 @@ def stand_in(tmp_path: Path, batch_size: int = 8, **sections: dict) -> StandInTr
     )
 
 
-def build(tmp_path: Path, **sections: dict) -> tuple[NerdPlugin, StandInTrainer, NerdModel]:
+def build(tmp_path: Path, **sections: dict) -> tuple[NerdPlugin, Trainer, NerdModel]:
     """The plugin and its model, built as the loop builds it (torch seeded from trainer.seed)."""
     plugin = NerdPlugin()
     trainer = stand_in(tmp_path, **sections)
-    model = trainer.build(plugin)
+    model = testing.build(trainer, plugin)
     return plugin, trainer, model
 
 

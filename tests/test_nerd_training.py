@@ -21,11 +21,11 @@ from helpers import (
     train_stopped_then_resumed,
     write_recipe,
 )
-from slhub import checkpoint
+from slhub import Trainer, checkpoint
 from slhub.builtin.nerd.plugin import NerdPlugin
 from slhub.export import load as load_export
 from slhub.export.command import run_export
-from slhub.testing import StandInTrainer
+from slhub.testing import StandInTrainer, build
 
 NERD = REPO / "examples" / "nerd" / "cartpole" / "sl.train.yaml"
 
@@ -78,7 +78,7 @@ class _Runs(dict):
         return self[name]
 
 
-def _rebuilt(ckpt: dict) -> tuple[NerdPlugin, StandInTrainer, torch.nn.Module]:
+def _rebuilt(ckpt: dict) -> tuple[NerdPlugin, Trainer, torch.nn.Module]:
     """The plugin and the trained model as the recipe builds them (not via the export
     path), with the checkpoint's weights, in eval mode."""
     recipe = ckpt["run"]["recipe"]
@@ -87,7 +87,7 @@ def _rebuilt(ckpt: dict) -> tuple[NerdPlugin, StandInTrainer, torch.nn.Module]:
     trainer = StandInTrainer(
         plugin, sections, seed=recipe["trainer"]["seed"], batch_size=recipe["trainer"]["batch_size"]
     )
-    model = trainer.build(plugin)
+    model = build(trainer, plugin)
     model.load_state_dict(ckpt["model"])
     return plugin, trainer, model.eval()
 

@@ -22,7 +22,14 @@ from helpers import (
     write_recipe,
 )
 from slhub.optim import ScheduleSection, build_schedule, lr_multiplier
-from slhub.testing import StandInTrainer, check_resume_exact, hooks_of, sampler_generator
+from slhub.testing import (
+    StandInTrainer,
+    build,
+    check_resume_exact,
+    hooks_of,
+    sampler_generator,
+    stand_in,
+)
 from slhub_testplugins import AccumulationProbe
 
 FEATURES = {
@@ -117,13 +124,16 @@ def test_accumulation_equals_the_concatenated_batch_oracle(tmp_path: Path):
     plugin = AccumulationProbe()
     trainer = StandInTrainer(plugin, {}, batch_size=batch, lr=0.01, seed=0, steps=steps)
     hooks = hooks_of(plugin)
-    model = trainer.build(plugin)
+    model = build(trainer, plugin)
     generators = [sampler_generator(0, r) for r in range(world)]
     weights = []
     for step in range(1, steps + 1):
         parts = []
         for rank, generator in enumerate(generators):
-            trainer.rank, plugin.drawn = rank, {}  # each rank's plugin counts its own draws
+            stand_in(trainer).rank, plugin.drawn = (
+                rank,
+                {},
+            )  # each rank's plugin counts its own draws
             for _ in range(accumulate):
                 parts.append(hooks.sample(trainer=trainer, generator=generator, step=step))
         x, y, mask = (torch.cat(t) for t in zip(*parts))

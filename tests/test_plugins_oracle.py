@@ -34,7 +34,7 @@ import yaml
 from helpers import REPO, load, run_torchrun, write_recipe
 from slhub.optim import OptimSection, ScheduleSection, build_optimizer, build_schedule
 from slhub.registry import resolve
-from slhub.testing import StandInTrainer, hooks_of, sampler_generator
+from slhub.testing import StandInTrainer, build, hooks_of, sampler_generator
 
 #: Every test here is slow (cross-process, seconds to minutes): `python -m pytest -m slow`.
 pytestmark = pytest.mark.slow
@@ -114,7 +114,7 @@ def _oracle(recipe_path: Path, world: int, steps: int) -> tuple[dict, list[list[
     sections = {k: v for k, v in recipe.items() if k not in core}
     trainer = StandInTrainer(plugin, sections, **recipe["trainer"])
     hooks = hooks_of(plugin)
-    model = trainer.build(plugin)  # seeds and builds as a rank does
+    model = build(trainer, plugin)  # seeds and builds as a rank does
     config = trainer.config
     optimizer = build_optimizer(
         model.parameters(), config.lr, OptimSection.model_validate(recipe.get("optim", {}))

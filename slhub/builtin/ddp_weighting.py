@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from slhub import LossResult, hookimpl
+from slhub import LossResult, Trainer, hookimpl
 
 
 @hookimpl(trylast=True)
-def scale_loss(trainer, result: LossResult, total_weight: float) -> torch.Tensor:
+def scale_loss(trainer: Trainer, result: LossResult, total_weight: float) -> torch.Tensor:
     weight = float(result.weight)
     return result.loss * (weight * trainer.world_size / total_weight)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from slhub import OptimSection, ScheduleSection, build_optimizer, build_schedule, hookimpl
+from slhub import OptimSection, ScheduleSection, Trainer, build_optimizer, build_schedule, hookimpl
 
 
 @hookimpl(trylast=True)
@@ -19,6 +19,6 @@ def recipe_sections() -> dict[str, Any]:
 
 
 @hookimpl(trylast=True)
-def configure_optimizers(trainer, model):
+def configure_optimizers(trainer: Trainer, model):
     optimizer = build_optimizer(model.parameters(), trainer.config.lr, trainer.section("optim"))
     return optimizer, build_schedule(optimizer, trainer.section("schedule"), trainer.config.steps)

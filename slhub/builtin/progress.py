@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Any
 
-from slhub import get_logger, hookimpl, log_format, set_log_write_wrapper
+from slhub import Trainer, get_logger, hookimpl, log_format, set_log_write_wrapper
 
 #: Seconds between two ``progress`` events when there is no bar.
 PERIOD_S = 10.0
@@ -57,7 +57,7 @@ class Plugin:
         self._validation: tuple[str, float] | None = None
 
     @hookimpl(trylast=True)
-    def on_log(self, trainer: Any, step: int, metrics: dict[str, Any]) -> None:
+    def on_log(self, trainer: Trainer, step: int, metrics: dict[str, Any]) -> None:
         total = trainer.config.steps
         if "train/loss" not in metrics:  # a validation line
             best = trainer.config.best.metric if trainer.config.best is not None else None
@@ -91,7 +91,7 @@ class Plugin:
             LOG.info("progress", **self._fields(now, step, total))
 
     @hookimpl(trylast=True)
-    def on_fit_end(self, trainer: Any, status: str) -> None:
+    def on_fit_end(self, trainer: Trainer, status: str) -> None:
         if self._bar is not None:
             self._bar.close()
             self._bar = None

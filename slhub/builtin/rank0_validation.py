@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from slhub import SlhubError, hookimpl, preserved_random_state
+from slhub import SlhubError, Trainer, hookimpl, preserved_random_state
 
 
 @hookimpl(hookwrapper=True)
-def validate(trainer, model, step):
+def validate(trainer: Trainer, model, step):
     if trainer.rank != 0:
         raise SlhubError(f"validate called on rank {trainer.rank}; validation runs on rank 0 only")
     was_training = model.training

@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
-from slhub import hookimpl, random_state, set_random_state
+from slhub import Trainer, hookimpl, random_state, set_random_state
 
 
 @hookimpl(trylast=True)
-def state_dict(trainer) -> dict[str, Any]:
+def state_dict(trainer: Trainer) -> dict[str, Any]:
     return {
         "rng": random_state(trainer.device),
         "sampler": trainer.generator.get_state(),
@@ -28,7 +28,7 @@ def state_dict(trainer) -> dict[str, Any]:
 
 
 @hookimpl(trylast=True)
-def load_state_dict(trainer, state: dict[str, Any]) -> None:
+def load_state_dict(trainer: Trainer, state: dict[str, Any]) -> None:
     if "rng" in state:
         set_random_state(state["rng"], trainer.device)
     if "sampler" in state:

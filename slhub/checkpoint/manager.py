@@ -78,6 +78,8 @@ class Owner(Protocol):
     optimizer: torch.optim.Optimizer
     scheduler: Any
     hook: Any
+    #: What hooks receive as ``trainer`` (:class:`slhub.view.TrainerView`).
+    view: Any
     #: The moving average (:class:`slhub.ema.Ema`), or None without an ``ema`` section.
     ema: Any
 
@@ -290,7 +292,7 @@ class CheckpointManager:
         owner.step = ckpt.step
         hook = owner.hook.load_state_dict
         try:
-            hook(trainer=owner, state=ckpt.rank_state(owner.rank))
+            hook(trainer=owner.view, state=ckpt.rank_state(owner.rank))
         except SlhubError:
             raise
         except Exception as exc:  # noqa: BLE001 - a plugin's bug: its traceback, then one line

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from slhub import Trainer
 from slhub.testing import StandInTrainer
 
 # MuJoCo reads its OpenGL backend once, when first imported (a test module may import it
@@ -28,7 +29,7 @@ def make_trainer(tmp_path):
     receive as ``trainer`` (:class:`slhub.testing.StandInTrainer`), holding ``bc`` and
     ``data`` (default: the expert's demonstrations cached under ``tmp_path``)."""
 
-    def make(bc, data=None, batch_size: int = 8, seed: int = 0) -> StandInTrainer:
+    def make(bc, data=None, batch_size: int = 8, seed: int = 0) -> Trainer:
         data = {"cache_dir": str(tmp_path / "cache")} if data is None else data
         sections = {SECTION: bc, "data": data}
         return StandInTrainer(BcPlugin(), sections, batch_size=batch_size, seed=seed)

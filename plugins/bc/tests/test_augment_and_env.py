@@ -13,8 +13,9 @@ import pytest
 import slhub
 import torch
 import yaml
+from slhub import Trainer
 from slhub.sim import collect
-from slhub.testing import StandInTrainer, assert_tree_equal, check_resume_and_revalidate
+from slhub.testing import StandInTrainer, assert_tree_equal, build, check_resume_and_revalidate
 
 from slhub_bc.augment import crop, crop_sizes, jitter
 from slhub_bc.plugin import BcPlugin
@@ -57,12 +58,12 @@ def _recipe(tmp_path: Path, repo: Path, dataset: Path, observation: str, **secti
     return path
 
 
-def _trainer(recipe: Path) -> tuple[BcPlugin, StandInTrainer, torch.nn.Module]:
+def _trainer(recipe: Path) -> tuple[BcPlugin, Trainer, torch.nn.Module]:
     raw = yaml.safe_load(recipe.read_text())
     plugin = BcPlugin()
     sections = {k: raw[k] for k in ("bc", "data", "validation") if k in raw}
     trainer = StandInTrainer(plugin, sections, **raw["trainer"])
-    return plugin, trainer, trainer.build(plugin)
+    return plugin, trainer, build(trainer, plugin)
 
 
 def _streams() -> tuple:

@@ -9,7 +9,7 @@ import torch
 from slhub import LossResult, RecipeError
 from slhub.data import ArrayEpisodes, open_dataset, write_store
 from slhub.sim.cartpole import cartpole_step
-from slhub.testing import check_resume_and_revalidate, hooks_of
+from slhub.testing import build, check_resume_and_revalidate, hooks_of
 
 from slhub_bc.expert import (
     demonstration_store,
@@ -29,7 +29,7 @@ def _built(make_trainer, tmp_path, batch_size=8, data=None, **bc):
     section = BcSection.model_validate({"rollouts": 2, "rollout_steps": 20, **bc})
     data = {"cache_dir": str(tmp_path / "cache"), "demos": SMALL_DEMOS} if data is None else data
     plugin, trainer = BcPlugin(), make_trainer(section, data, batch_size)
-    return plugin, trainer, trainer.build(plugin)  # torch seeded as the loop seeds it
+    return plugin, trainer, build(trainer, plugin)  # torch seeded as the loop seeds it
 
 
 def test_lqr_expert_stabilizes_the_cartpole():

@@ -17,7 +17,7 @@ import slhub
 import torch
 import yaml
 from slhub.data import open_dataset
-from slhub.testing import StandInTrainer, assert_tree_equal, check_resume_and_revalidate
+from slhub.testing import StandInTrainer, assert_tree_equal, build, check_resume_and_revalidate
 
 from slhub_bc.plugin import BcPlugin
 
@@ -184,7 +184,7 @@ def test_the_export_carries_the_normalization_and_acts_as_the_checkpoint(
     plugin = BcPlugin()
     trainer = StandInTrainer(plugin, {k: last["run"]["recipe"][k] for k in ("bc", "data")},
                              **last["run"]["recipe"]["trainer"])  # fmt: skip
-    trained = trainer.build(plugin)
+    trained = build(trainer, plugin)
     trained.load_state_dict(validated)
     batch = plugin.sample(trainer=trainer, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

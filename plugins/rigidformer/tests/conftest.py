@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from slhub import Trainer
 from slhub.testing import StandInTrainer
 
 from slhub_rigidformer.plugin import SECTION, RigidFormerPlugin
@@ -18,7 +19,7 @@ def make_trainer():
     """``make_trainer(section, batch_size=8, seed=0)``: what the plugin's hooks receive as
     ``trainer`` (:class:`slhub.testing.StandInTrainer`), holding ``section`` as ``rigidformer``."""
 
-    def make(section, batch_size: int = 8, seed: int = 0) -> StandInTrainer:
+    def make(section, batch_size: int = 8, seed: int = 0) -> Trainer:
         return StandInTrainer(
             RigidFormerPlugin(), {SECTION: section}, batch_size=batch_size, seed=seed
         )

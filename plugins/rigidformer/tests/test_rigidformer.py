@@ -7,7 +7,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 from slhub import LossResult
-from slhub.testing import check_resume_and_revalidate, hooks_of
+from slhub.testing import build, check_resume_and_revalidate, hooks_of
 
 from slhub_rigidformer.plugin import RigidFormerPlugin, RigidFormerSection
 from slhub_rigidformer.scenes import simulate
@@ -18,7 +18,7 @@ SMALL = {"scenes": {"train_scenes": 24, "val_scenes": 4, "steps": 12}, "model": 
 def _built(make_trainer, batch_size=8, **changes):
     section = RigidFormerSection.model_validate({**SMALL, **changes})
     plugin, trainer = RigidFormerPlugin(), make_trainer(section, batch_size)
-    return plugin, trainer, trainer.build(plugin)  # torch seeded as the loop seeds it
+    return plugin, trainer, build(trainer, plugin)  # torch seeded as the loop seeds it
 
 
 def test_scenes_have_uneven_counts_and_zero_padding():

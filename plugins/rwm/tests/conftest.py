@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from slhub import Trainer
 from slhub.testing import StandInTrainer
 
 from slhub_rwm.plugin import SECTION, RwmPlugin
@@ -23,7 +24,7 @@ def make_trainer():
     receive as ``trainer`` (:class:`slhub.testing.StandInTrainer`), holding ``section`` as
     ``rwm`` and ``data`` as ``data``."""
 
-    def make(section, data, batch_size: int = 8, seed: int = 0) -> StandInTrainer:
+    def make(section, data, batch_size: int = 8, seed: int = 0) -> Trainer:
         sections = {SECTION: section, "data": data}
         return StandInTrainer(RwmPlugin(), sections, batch_size=batch_size, seed=seed)
 

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from slhub import DatasetError, LossResult
 from slhub.data import wrap_angle
 from slhub.sim.cartpole import STATE_NAMES, cartpole_step
-from slhub.testing import check_resume_and_revalidate, hooks_of
+from slhub.testing import build, check_resume_and_revalidate, hooks_of
 
 from slhub_rwm.data import window_offsets
 from slhub_rwm.model import LAYOUT_KEY, RwmLayout, WorldModel
@@ -39,7 +39,7 @@ def data(tmp_path):
 
 def _built(section, data, make_trainer, batch_size=8):
     plugin, trainer = RwmPlugin(), make_trainer(section, data, batch_size)
-    return plugin, trainer, trainer.build(plugin)  # torch seeded as the loop seeds it
+    return plugin, trainer, build(trainer, plugin)  # torch seeded as the loop seeds it
 
 
 def _follows_dynamics(states: np.ndarray, actions: np.ndarray) -> np.ndarray:

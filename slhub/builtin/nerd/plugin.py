@@ -20,7 +20,7 @@ import torch
 from pydantic import BaseModel
 from torch import nn
 
-from slhub import LossResult, RecipeError, hookimpl
+from slhub import LossResult, RecipeError, Trainer, hookimpl
 from slhub.builtin.nerd.data import layout_of, normalization, open_data, tokens_of, window_offsets
 from slhub.builtin.nerd.export import export_checkpoint
 from slhub.builtin.nerd.loss import (
@@ -61,7 +61,7 @@ class NerdPlugin:
     # -------------------------------------------------------------- construction
 
     @hookimpl
-    def build_model(self, trainer: Any) -> nn.Module:
+    def build_model(self, trainer: Trainer) -> nn.Module:
         model_cfg: ModelSection = trainer.section("model")
         data_cfg: NerdDataSection = trainer.section("data")
         val_cfg: ValidationSection = trainer.section("validation")
@@ -92,7 +92,7 @@ class NerdPlugin:
     # -------------------------------------------------------------- every update
 
     @hookimpl
-    def sample(self, trainer: Any, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    def sample(self, trainer: Trainer, generator: torch.Generator) -> dict[str, torch.Tensor]:
         _, layout = self._require_data()
         assert self._stream is not None
         history = trainer.section("model").history
@@ -105,7 +105,7 @@ class NerdPlugin:
         }
 
     @hookimpl
-    def objective(self, trainer: Any, model: nn.Module, batch: dict[str, Any]) -> LossResult:
+    def objective(self, trainer: Trainer, model: nn.Module, batch: dict[str, Any]) -> LossResult:
         if self._mask is None:
             raise RuntimeError("the nerd plugin's build_model has not run")
         tokens, delta = batch["tokens"], batch["delta"]
@@ -118,21 +118,21 @@ class NerdPlugin:
         return LossResult(loss=loss, weight=weight)
 
     @hookimpl
-    def state_dict(self, trainer: Any) -> dict[str, Any] | None:
+    def state_dict(self, trainer: Trainer) -> dict[str, Any] | None:
         """The windows drawn ahead of the loop (``data.decode.ahead``), if any."""
         if self._stream is None or not self._stream.ahead:
             return None
         return {"nerd": self._stream.state_dict()}
 
     @hookimpl
-    def load_state_dict(self, trainer: Any, state: dict[str, Any]) -> None:
+    def load_state_dict(self, trainer: Trainer, state: dict[str, Any]) -> None:
         if self._stream is not None and "nerd" in state:
             self._stream.load_state_dict(state["nerd"])
 
     # -------------------------------------------------------------- validation
 
     @hookimpl
-    def validate(self, trainer: Any, model: nn.Module, step: int) -> dict[str, float]:
+    def validate(self, trainer: Trainer, model: nn.Module, step: int) -> dict[str, float]:
         if self._data is None:
             return {}
         val_cfg: ValidationSection = trainer.section("validation")

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 from pydantic import BaseModel
-from slhub import LossResult, RecipeError, hookimpl
+from slhub import LossResult, RecipeError, Trainer, hookimpl
 from slhub.data import PAD_SUFFIX, TrainingData, WindowStream
 from slhub.sim import cartpole
 
@@ -62,7 +62,7 @@ class BcPlugin:
     # -------------------------------------------------------------- construction
 
     @hookimpl
-    def build_model(self, trainer: Any) -> torch.nn.Module:
+    def build_model(self, trainer: Trainer) -> torch.nn.Module:
         cfg: BcSection = trainer.section(SECTION)
         data_cfg: BcDataSection = trainer.section("data")
         if cfg.rollouts and data_cfg.path is not None:
@@ -113,7 +113,7 @@ class BcPlugin:
     # -------------------------------------------------------------- every update
 
     @hookimpl
-    def sample(self, trainer: Any, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    def sample(self, trainer: Trainer, generator: torch.Generator) -> dict[str, torch.Tensor]:
         if self._stream is None:
             raise RuntimeError("the bc plugin's build_model has not run")
         cfg: BcSection = trainer.section(SECTION)
@@ -128,26 +128,26 @@ class BcPlugin:
         return batch
 
     @hookimpl
-    def objective(self, trainer: Any, model: torch.nn.Module, batch: dict) -> LossResult:
+    def objective(self, trainer: Trainer, model: torch.nn.Module, batch: dict) -> LossResult:
         loss, weight = masked_error(model, batch)
         return LossResult(loss=loss / max(weight, 1), weight=weight)
 
     @hookimpl
-    def state_dict(self, trainer: Any) -> dict[str, Any] | None:
+    def state_dict(self, trainer: Trainer) -> dict[str, Any] | None:
         """The windows drawn ahead of the loop (``data.decode.ahead``), if any."""
         if self._stream is None or not self._stream.ahead:
             return None
         return {SECTION: self._stream.state_dict()}
 
     @hookimpl
-    def load_state_dict(self, trainer: Any, state: dict[str, Any]) -> None:
+    def load_state_dict(self, trainer: Trainer, state: dict[str, Any]) -> None:
         if self._stream is not None and SECTION in state:
             self._stream.load_state_dict(state[SECTION])
 
     # -------------------------------------------------------------- validation
 
     @hookimpl
-    def validate(self, trainer: Any, model: torch.nn.Module, step: int) -> dict[str, float]:
+    def validate(self, trainer: Trainer, model: torch.nn.Module, step: int) -> dict[str, float]:
         data = self._data
         if data is None:
             return {}

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from slhub import LossResult, hookimpl
+from slhub import LossResult, Trainer, hookimpl
 from slhub.data import SplitCache, split_seed
 
 from slhub_rigidformer.model import RigidFormer
@@ -82,13 +82,13 @@ class RigidFormerPlugin:
         return {SECTION: RigidFormerSection}
 
     @hookimpl
-    def build_model(self, trainer: Any) -> torch.nn.Module:
+    def build_model(self, trainer: Trainer) -> torch.nn.Module:
         cfg: RigidFormerSection = trainer.section(SECTION)
         stats = normalization(self._scenes(cfg, "train"))
         return RigidFormer(stats, **cfg.model.model_dump()).to(DTYPES[cfg.precision])
 
     @hookimpl
-    def sample(self, trainer: Any, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    def sample(self, trainer: Trainer, generator: torch.Generator) -> dict[str, torch.Tensor]:
         cfg: RigidFormerSection = trainer.section(SECTION)
         scenes = self._scenes(cfg, "train")
         size = (trainer.config.batch_size,)
@@ -97,12 +97,12 @@ class RigidFormerPlugin:
         return _to_batch(scenes.examples(scene, t), trainer.device, DTYPES[cfg.precision])
 
     @hookimpl
-    def objective(self, trainer: Any, model: torch.nn.Module, batch: dict) -> LossResult:
+    def objective(self, trainer: Trainer, model: torch.nn.Module, batch: dict) -> LossResult:
         sq, count = _squared_error(model, batch)
         return LossResult(loss=sq.sum() / max(count, 1), weight=count)
 
     @hookimpl
-    def validate(self, trainer: Any, model: torch.nn.Module, step: int) -> dict[str, float]:
+    def validate(self, trainer: Trainer, model: torch.nn.Module, step: int) -> dict[str, float]:
         cfg: RigidFormerSection = trainer.section(SECTION)
         scenes = self._scenes(cfg, "val")
         t = np.arange(1, scenes.steps, cfg.val_stride)

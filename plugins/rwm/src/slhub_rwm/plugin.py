@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 from pydantic import BaseModel
-from slhub import LossResult, RecipeError, hookimpl
+from slhub import LossResult, RecipeError, Trainer, hookimpl
 from slhub.data import TrainingData, WindowStream
 
 from slhub_rwm.data import (
@@ -48,7 +48,7 @@ class RwmPlugin:
         return dict(SECTIONS)
 
     @hookimpl
-    def build_model(self, trainer: Any) -> torch.nn.Module:
+    def build_model(self, trainer: Trainer) -> torch.nn.Module:
         cfg: RwmSection = trainer.section(SECTION)
         data_cfg: RwmDataSection = trainer.section("data")
         if data_cfg.window.pad:
@@ -67,7 +67,7 @@ class RwmPlugin:
         return model
 
     @hookimpl
-    def sample(self, trainer: Any, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    def sample(self, trainer: Trainer, generator: torch.Generator) -> dict[str, torch.Tensor]:
         cfg: RwmSection = trainer.section(SECTION)
         _, layout = self._require_data()
         assert self._stream is not None
@@ -75,25 +75,25 @@ class RwmPlugin:
         return batch_of(window, layout, trainer.device, DTYPES[cfg.precision])
 
     @hookimpl
-    def state_dict(self, trainer: Any) -> dict[str, Any] | None:
+    def state_dict(self, trainer: Trainer) -> dict[str, Any] | None:
         """The windows drawn ahead of the loop (``data.decode.ahead``), if any."""
         if self._stream is None or not self._stream.ahead:
             return None
         return {SECTION: self._stream.state_dict()}
 
     @hookimpl
-    def load_state_dict(self, trainer: Any, state: dict[str, Any]) -> None:
+    def load_state_dict(self, trainer: Trainer, state: dict[str, Any]) -> None:
         if self._stream is not None and SECTION in state:
             self._stream.load_state_dict(state[SECTION])
 
     @hookimpl
-    def objective(self, trainer: Any, model: torch.nn.Module, batch: dict) -> LossResult:
+    def objective(self, trainer: Trainer, model: torch.nn.Module, batch: dict) -> LossResult:
         horizon = trainer.section(SECTION).horizon
         err = _forecast_error(model, batch, horizon)
         return LossResult(loss=err.square().mean(), weight=err.numel())
 
     @hookimpl
-    def validate(self, trainer: Any, model: torch.nn.Module, step: int) -> dict[str, float]:
+    def validate(self, trainer: Trainer, model: torch.nn.Module, step: int) -> dict[str, float]:
         """``mse`` (the training loss) and ``mse_stepK`` per forecast step, and RWM's
         relative error Σ|ŝ − s| / Σ|s| over the forecast after the context, with the
         same ratio for the state held at its last true value (``baseline_relative_error``)."""
