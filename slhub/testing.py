@@ -93,7 +93,8 @@ class StandInTrainer(TrainerBase):
         ``output_dir`` are filled in when absent.
 
     ``save()`` records the names it was asked for in :attr:`saved` and writes
-    nothing.
+    nothing; ``register_state`` keeps the objects in :attr:`states` by name, and
+    :meth:`close` closes those that have ``close()``.
     """
 
     def __init__(
@@ -123,11 +124,26 @@ class StandInTrainer(TrainerBase):
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: Any = None
         self.saved: list[str | None] = []
+        self.datasets: dict[str, dict[str, Any]] = {}
+        self.states: dict[str, Any] = {}
         self._sections = _validated(plugin, dict(sections or {}))
 
     def save(self, name: str | None = None) -> Path | None:
         self.saved.append(name)
         return None
+
+    def register_state(self, name: str, obj: Any) -> None:
+        """Keep ``obj`` under ``name`` in :attr:`states`; a name registered twice is a
+        PluginError, as in the loop."""
+        if name in self.states:
+            raise PluginError(f"checkpoint state {name!r} is registered twice (register_state)")
+        self.states[name] = obj
+
+    def close(self) -> None:
+        """Close the registered objects that have ``close()`` (a stream's decode threads)."""
+        for obj in reversed(self.states.values()):
+            if callable(getattr(obj, "close", None)):
+                obj.close()
 
     def build(
         self, plugin: Any, optim: Mapping[str, Any] | None = None, schedule: Any = None
