@@ -8,7 +8,7 @@ One process trains the sl_ddp example for a few updates; then, inside the run
 it times alternately, ``--repeats`` times each:
 
 - **slhub**: ``trainer.save()``, what a save-only boundary does: every rank's
-  ``state_dict`` state (RNG, sampler, buffers) gathered, the v2 checkpoint
+  state (RNG, sampler, buffers) gathered, the v2 checkpoint
   built, serialized once and written durably to ``step_N.pt`` and ``last.pt``
   (temporary, fsync, rename, directory fsync), metrics.jsonl fsynced.
 - **bare**: the same checkpoint object (the one slhub wrote last) serialized

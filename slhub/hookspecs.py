@@ -127,6 +127,20 @@ class Trainer(Protocol):
         (``--allow-dataset-change`` accepts it and records the change). Returns the entry.
         """
 
+    def register_state(self, name: str, obj: Any) -> None:
+        """Checkpoint ``obj`` on this rank under ``name``, from ``build_model``.
+
+        ``obj`` has ``state_dict()`` and ``load_state_dict(state)`` (and optionally
+        ``close()``). At every boundary its ``state_dict()`` is saved under ``name`` in
+        this rank's entry of the checkpoint (``ranks[rank][name]``, beside the
+        ``state_dict`` hooks' keys; None saves nothing), a resume hands that entry to
+        its ``load_state_dict``, and its ``close()`` is called when the run ends
+        (finished, failed or preempted). :meth:`slhub.data.TrainingData.stream` registers
+        its stream this way. A name registered twice, or also returned by a
+        ``state_dict`` hook, is a :class:`slhub.PluginError` naming it; ``rng``,
+        ``sampler`` and ``buffers`` are the loop's own.
+        """
+
     def save(self, name: str | None = None) -> Path | None:
         """Write a checkpoint of the committed state now (``step_N.pt`` and last.pt).
 

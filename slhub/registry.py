@@ -40,7 +40,6 @@ BUILTINS: tuple[str, ...] = (
     "slhub.builtin.ddp_weighting",
     "slhub.builtin.optimization",
     "slhub.builtin.rank0_validation",
-    "slhub.builtin.recovery",
     "slhub.builtin.progress",
 )
 

@@ -5,15 +5,18 @@
 2. Admission, on every rank: plugins, sections, an output directory outside
    every dataset the recipe reads (:func:`slhub.data.training.check_output_dir`), the resume plan
    (:func:`slhub.checkpoint.plan_resume`: the checkpoint every rank resumes
-   from, read by rank 0 and checked against this run), the model and optimizer
-   (:class:`slhub.trainer.Loop`), the checkpoint loaded into them, then every
-   plugin's ``admit`` hook. Every rank agrees that every rank was admitted, or
-   all fail with one message.
-3. Rank 0 locks the run directory for the run's life, then claims a fresh one
-   and writes the identity (run.json), or reopens the checkpoint's own run in
-   place (appending a resume marker to metrics.jsonl). Agreed again.
-4. The loop runs with the stop signals installed; the metrics log and the lock
-   are released however it ends.
+   from, read by rank 0, checked against this run, and whether anything is left
+   to train), the model and optimizer (:class:`slhub.trainer.Loop`) with the
+   plan's checkpoint loaded into them, then every plugin's ``admit`` hook. Every
+   rank agrees that every rank was admitted, or all fail with one message.
+3. Rank 0 locks the run directory for the run's life, then opens it as the plan
+   says (:func:`slhub.checkpoint.directory.open_run`: claimed fresh with a new
+   identity, or the checkpoint's own run reopened in place). Agreed again.
+4. The loop runs with the stop signals installed; the metrics log, the lock and
+   what the plugins registered (streams, readers) are released however it ends.
+
+These are the bootstrap's only calls into the checkpoint component: ``plan_resume``
+once, then ``open_run`` once (``finish_complete`` instead for a finished run).
 
 ``resume="auto"`` resumes from the run directory's last checkpoint when it exists
 on rank 0 and starts fresh otherwise (every rank follows rank 0), so one command
@@ -30,9 +33,9 @@ import torch
 
 from slhub import artifacts, distributed, log, preemption, registry
 from slhub._version import __version__
-from slhub.checkpoint import LAST, ResumePlan, StartRequest, plan_resume
-from slhub.checkpoint.manager import finish_write
-from slhub.errors import ArtifactError, CheckpointError, PluginError, SlhubError
+from slhub.checkpoint import ResumePlan, StartRequest, plan_resume
+from slhub.checkpoint.directory import finish_complete, open_run
+from slhub.errors import PluginError, SlhubError
 from slhub.recipe import CORE_KEYS, Recipe, as_recipe
 from slhub.trainer import Loop, RunContext
 
@@ -135,13 +138,14 @@ def _train_on(admitted: Recipe | Exception, request: StartRequest, device: torch
     run_lock: artifacts.RunLock | None = None
     identity: dict[str, Any] | None = None
     metrics: artifacts.MetricsLog | None = None
+    loop: Loop | None = None
     try:
         if isinstance(admitted, Recipe):
             _set_threads(admitted.trainer.threads, device)
         run_lock, loop, plan, error = _admit(admitted, request, device)
         _agree_or_raise(error, device)
         assert plan is not None and isinstance(admitted, Recipe)
-        if _complete(plan, admitted):  # a requeue of a finished run: nothing to do, exit 0
+        if plan.complete:  # a requeue of a finished run: nothing to do, exit 0
             assert plan.checkpoint is not None
             LOG.info(
                 "done", step=plan.checkpoint.step, already="complete", checkpoint=str(plan.path)
@@ -157,6 +161,8 @@ def _train_on(admitted: Recipe | Exception, request: StartRequest, device: torch
         del plan
         return _fit(loop, device, identity, metrics)
     finally:
+        if loop is not None:  # streams and readers, also when admission failed elsewhere
+            loop.close()
         if metrics is not None:
             metrics.close()
         if run_lock is not None:
@@ -170,12 +176,6 @@ def _set_threads(threads: str | int, device: torch.device) -> None:
             return
         threads = 1
     torch.set_num_threads(int(threads))
-
-
-def _complete(plan: ResumePlan, recipe: Recipe) -> bool:
-    """``--resume auto`` found the run already at ``trainer.steps``."""
-    ckpt = plan.checkpoint
-    return plan.request.auto and ckpt is not None and ckpt.step >= recipe.trainer.steps
 
 
 def _fit(
@@ -260,26 +260,20 @@ def _admit(
     if error is not None or plan_error is not None:
         return run_lock, None, None, error or _logged(plan_error)
     assert recipe is not None and plugins is not None and plan is not None
-    if _complete(plan, recipe):
+    if plan.complete:
         if run_lock is not None:  # rank 0: a kill may have cut the last write short
-            assert plan.checkpoint is not None and plan.path is not None
             try:
-                finish_write(run_lock.folder, plan.checkpoint, plan.path, plan.sha256,
-                             recipe.trainer)  # fmt: skip
+                finish_complete(plan, recipe)
             except Exception as exc:  # noqa: BLE001 - held for the agreement
                 return run_lock, None, None, _logged(exc)
         return run_lock, None, plan, None
+    loop: Loop | None = None
     try:
-        loop = Loop(recipe, plugins, device)
-        if plan.checkpoint is not None:
-            try:
-                loop.resume_from(plan.checkpoint, request.allow_dataset_change)
-            except CheckpointError as exc:  # every refusal of a checkpoint names its file
-                if plan.path is None or str(exc).startswith(str(plan.path)):
-                    raise
-                raise CheckpointError(f"{plan.path}: {exc}") from None
+        loop = Loop(recipe, plugins, device, plan)  # closes what it opened when it fails
         loop.hook.admit(trainer=loop.view)  # the plugins' last word, before any artifact
     except Exception as exc:  # noqa: BLE001 - held for the agreement
+        if loop is not None:
+            loop.close()
         return run_lock, None, None, _logged(exc)
     return run_lock, loop, plan, None
 
@@ -307,74 +301,18 @@ def _open_run_directory(
     checkpoints carry and the metrics log."""
     run_lock = held if held is not None else artifacts.lock(loop.output_dir)
     try:
-        identity, metrics = _claim_or_reopen(loop, plan)
+        identity, metrics = open_run(
+            plan,
+            recipe=loop.recipe,
+            world_size=loop.world_size,
+            source=_source_identity(loop.plugins),
+            datasets=loop.datasets,
+            dataset_changes=loop.checkpoints.dataset_changes,
+        )
     except BaseException:
         run_lock.release()
         raise
     return run_lock, identity, metrics
-
-
-def _claim_or_reopen(loop: Loop, plan: ResumePlan) -> tuple[dict[str, Any], artifacts.MetricsLog]:
-    folder = loop.output_dir
-    ckpt = plan.checkpoint
-    if plan.request.overwrite or plan.auto_fresh:
-        if plan.auto_fresh and any(n.endswith(".pt") for n in artifacts.artifacts_in(folder)):
-            raise ArtifactError(
-                f"{folder}: holds checkpoints but no {LAST}, so --resume auto cannot tell "
-                "where to continue; --resume one of them, or pass --overwrite to start over"
-            )
-        moved = artifacts.move_aside(folder)
-        if moved is not None:
-            LOG.warning("moved old artifacts aside", folder=str(moved))
-    changes = list(plan.source_changes)
-    data_changes = list(loop.dataset_changes)
-    in_place = ckpt is not None and artifacts.check_resume_destination(folder, ckpt.run)
-    if in_place:
-        assert ckpt is not None and ckpt.run is not None and plan.path is not None
-        # a kill may have cut the resumed checkpoint's write short: finish it first
-        finish_write(folder, ckpt, plan.path, plan.sha256, loop.config)
-        identity = ckpt.run
-        if changes:  # later checkpoints carry the code that wrote them
-            history = [*ckpt.run.get("source_changes", []), {"step": ckpt.step, "changes": changes}]
-            identity = {
-                **identity,
-                "source": _source_identity(loop.plugins),
-                "source_changes": history,
-            }
-        if data_changes:  # ... and the data they trained on
-            history = [
-                *ckpt.run.get("dataset_changes", []),
-                {"step": ckpt.step, "changes": data_changes},
-            ]
-            identity = {**identity, "datasets": loop.datasets, "dataset_changes": history}
-    else:
-        resumed_from = None
-        if ckpt is not None:
-            resumed_from = {
-                "run_id": ckpt.run_id,
-                "step": ckpt.step,
-                "checkpoint": str(plan.path),
-                "sha256": plan.sha256,
-            }
-            if changes:
-                resumed_from["source_changes"] = changes
-            if data_changes:
-                resumed_from["dataset_changes"] = data_changes
-        identity = artifacts.new_identity(
-            recipe=loop.recipe.to_dict(),
-            recipe_digest=loop.recipe.digest(),
-            world_size=loop.world_size,
-            source=_source_identity(loop.plugins),
-            resumed_from=resumed_from,
-        )
-        if loop.datasets:
-            identity["datasets"] = loop.datasets
-        artifacts.claim(folder, identity)
-    metrics = artifacts.MetricsLog(folder / artifacts.METRICS_FILE)
-    if in_place:
-        assert ckpt is not None
-        metrics.mark_resume(ckpt.step, str(plan.path), source_changes=changes)
-    return identity, metrics
 
 
 def _source_identity(plugins: registry.Plugins) -> dict[str, Any]:

@@ -91,8 +91,16 @@ class Standalone(TrainerBase):
                     f"register_state({name!r}): {type(obj).__name__} has no {method}()"
                 )
         if name in self.registered:
-            raise PluginError(f"state {name!r} is registered twice")
+            raise PluginError(f"checkpoint state {name!r} is registered twice (register_state)")
         self.registered[name] = obj
+
+    def close(self) -> None:
+        """Close the registered objects that have ``close()`` (a stream's decode threads),
+        newest first and once, as a run does when it ends."""
+        registered, self.registered = self.registered, {}
+        for obj in reversed(registered.values()):
+            if callable(getattr(obj, "close", None)):
+                obj.close()
 
     def build(
         self, plugin: Any, optim: Mapping[str, Any] | None = None, schedule: Any = None

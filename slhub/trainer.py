@@ -1,7 +1,8 @@
 """The training loop. Its whole protocol, on every rank, is this:
 
-    (bootstrap, in slhub.run: recipe, plugins, model, optimizer, checkpoint,
-     agreed on by every rank; rank 0 opens the run directory)
+    (bootstrap, in slhub.run: recipe, plugins, resume plan, model, optimizer,
+     checkpoint loaded (checkpoints.load(plan)), agreed on by every rank; rank 0
+     opens the run directory)
     for step in start+1 .. steps:
         err = None
         try:    for each of `accumulate` micro-batches:                     # inside DDP
@@ -18,17 +19,19 @@
         schedule.step()                                   # every update, skipped ones too
         ema.update()                        # recipe `ema`: every update, every rank alike
         on_commit(...); rank 0 appends the metrics line (train/loss, train/lr, ...), on_log
-        if boundary: committed = gather every rank's state_dict()     # collective, all ranks
-        if validation step and rank 0: validate(...), metrics line, on_log  # errors held
+        checkpoints.boundary(step, ...)                # one call per update; at a boundary:
+          committed = gather every rank's state_dict() and registered state  # collective
+          if validation step and rank 0: validate(...), metrics line, on_log  # errors held
                           (with the EMA weights swapped in, and the trained ones back after)
-                          then rank 0's own entry of committed = its state_dict() again
-        if save step (or a new best) and rank 0: write committed, apply keep_last
+                          then rank 0's own entry of committed = its state again
+          if save step (or a new best) and rank 0: write committed, apply keep_last
                           # even if validation failed; errors held (slhub.checkpoint)
         if agreed.stop: save this update (as at a save step) and leave the loop
     final agree(): surfaces an error held from the last boundary
     if stopped before the last update: every rank raises Preempted (exit status 75;
                                        resume with --resume auto); at the last one: done
     on_fit_end(status)                         # every rank: "done", "preempted" or "failed"
+    close every registered object (streams, readers)      # however the run ended
 
 DDP wraps the objective computation (model + loss), never ``loop.model``, which
 stays the original module for validation, saving and export. Hooks receive the
@@ -52,12 +55,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 from slhub import distributed, log, rng
 from slhub.artifacts import MetricsLog
-from slhub.checkpoint import Checkpoint, CheckpointManager, files
+from slhub.checkpoint import CheckpointManager, ResumePlan, files
 from slhub.ema import Ema
 from slhub.errors import PluginError, SlhubError, one_line, raised_by
 from slhub.hookspecs import LossResult
 from slhub.optim import MixedPrecision
 from slhub.preemption import Preempted, StopSignals
+from slhub.rank_state import ModelBuffers, RandomStreams, SamplerState
 from slhub.recipe import Recipe, TrainerConfig
 from slhub.registry import Plugins, direct_caller
 from slhub.view import TrainerView
@@ -102,6 +106,8 @@ class TrainerBase:
     rank: int
     config: TrainerConfig
     _sections: Mapping[str, Any]
+    #: What :meth:`record_dataset` recorded, by name (the run identity's ``datasets``).
+    datasets: dict[str, dict[str, Any]]
 
     @property
     def is_main(self) -> bool:
@@ -120,23 +126,30 @@ class TrainerBase:
 
     def record_dataset(self, name: str, dataset: Any, split: Any = None) -> dict[str, Any]:
         """Record ``dataset`` (and its ``split``) in the run identity: its fingerprint
-        is compared on resume (:meth:`slhub.checkpoint.CheckpointManager.apply`)."""
+        is compared on resume (:meth:`slhub.checkpoint.ResumePlan.check_datasets`)."""
         from slhub.data import fingerprint
 
         entry: dict[str, Any] = {"fingerprint": fingerprint(dataset), "path": str(dataset.path)}
         if split is not None:
             entry["split"] = split.to_dict() if hasattr(split, "to_dict") else split
-        recorded = self.__dict__.setdefault("datasets", {})
-        if name in recorded:
+        if name in self.datasets:
             raise PluginError(f"dataset {name!r} is recorded twice")
-        recorded[name] = entry
+        self.datasets[name] = entry
         return entry
 
 
 class Loop(TrainerBase):
     """One rank's training loop; every hook receives its :attr:`view` as ``trainer``."""
 
-    def __init__(self, recipe: Recipe, plugins: Plugins, device: torch.device) -> None:
+    def __init__(
+        self,
+        recipe: Recipe,
+        plugins: Plugins,
+        device: torch.device,
+        plan: ResumePlan | None = None,
+    ) -> None:
+        """Build the model, optimizer and schedule, then continue from ``plan``'s
+        checkpoint (every rank). A failure closes what the plugins registered."""
         self.recipe = recipe
         self.config = recipe.trainer
         self.plugins = plugins
@@ -150,14 +163,23 @@ class Loop(TrainerBase):
         self.run_id: str | None = None
         self.metrics: MetricsLog | None = None
         self.stop_signals: StopSignals | None = None
-        #: What :meth:`record_dataset` recorded, by name, and the changes a resume accepted.
         self.datasets: dict[str, dict[str, Any]] = {}
-        self.dataset_changes: list[str] = []
         self._in_commit = False
         self._held: tuple[str, BaseException] | None = None
         #: What every hook receives as ``trainer``: the protocol's members of this loop.
         self.view = TrainerView(self)
+        #: Owns the boundary cadence, the gather, the registered state and every
+        #: checkpoint write and load.
+        self.checkpoints = CheckpointManager(self, self.config)
+        try:
+            self._build(recipe, plugins, device)
+            if plan is not None:
+                self.checkpoints.load(plan)
+        except BaseException:
+            self.close()
+            raise
 
+    def _build(self, recipe: Recipe, plugins: Plugins, device: torch.device) -> None:
         rng.seed_everything(self.config.seed)  # identical model init on every rank
         model = self.hook.build_model(trainer=self.view)
         if not isinstance(model, nn.Module):
@@ -174,8 +196,9 @@ class Loop(TrainerBase):
         self.generator = torch.Generator().manual_seed(sampler_seed(self.config.seed, self.rank))
         rng.seed_everything(rng.derived_seed(self.config.seed, self.rank, "process"))
         self._objective = _Objective(self.model, self)
-        #: Owns the boundary cadence, the gather and every checkpoint write and load.
-        self.checkpoints = CheckpointManager(self, self.config)
+        self.register_state("rng", RandomStreams(device))
+        self.register_state("sampler", SamplerState(self.generator))
+        self.register_state("buffers", ModelBuffers(self.model))
         self._ddp: DistributedDataParallel | None = None
         self._buckets_rebuilt = True  # nothing to rebuild until fit() wraps the model in DDP
         #: The per-update hooks, resolved at :meth:`fit` for the plugins registered then.
@@ -207,11 +230,15 @@ class Loop(TrainerBase):
         """The fp16 gradient scaler, or None."""
         return self.precision.scaler
 
-    def resume_from(self, ckpt: Checkpoint, allow_dataset_change: bool = False) -> None:
-        """Continue from ``ckpt`` (every rank): model, optimizer, schedule, plugins; the
-        dataset changes accepted with ``allow_dataset_change`` are kept in
-        ``dataset_changes`` for the run identity."""
-        self.dataset_changes = self.checkpoints.apply(ckpt, allow_dataset_change)
+    def register_state(self, name: str, obj: Any) -> None:
+        """Checkpoint ``obj`` (``state_dict()``/``load_state_dict(state)``) under ``name`` in
+        this rank's entry, restore it on resume, and ``close()`` it when the run ends."""
+        self.checkpoints.register(name, obj)
+
+    def close(self) -> None:
+        """Close every registered object that has ``close()`` (decode threads, readers);
+        once, however the run ended."""
+        self.checkpoints.close()
 
     # ------------------------------------------------------------------- loop
 
@@ -243,7 +270,14 @@ class Loop(TrainerBase):
         try:
             for step in range(self.step + 1, self.config.steps + 1):
                 stop = self._update(step)
-                self._boundary(step, save=stop)
+                self._held = self.checkpoints.boundary(
+                    step,
+                    stop=stop,
+                    held=self._held,
+                    local_state=self._local_state,
+                    validate=self._validate,
+                    state_failure=self._state_failure,
+                )
                 if stop and step < self.config.steps:  # at the last update the run is done
                     stopped_at = step
                     break
@@ -252,6 +286,7 @@ class Loop(TrainerBase):
         finally:
             self._ddp = None  # drop the wrapper before the process group goes away
             self._end(status)
+            self.close()
         if stopped_at is not None:
             if self.stop_signals is not None:
                 self.stop_signals.done = True
@@ -452,48 +487,10 @@ class Loop(TrainerBase):
         params = [p for p in self.model.parameters() if p.requires_grad]
         return torch.stack([p.reshape(-1)[:1].sum() for p in params]).sum() * 0.0
 
-    def _boundary(self, step: int, save: bool = False) -> None:
-        boundary = self.checkpoints.due(step, stop=save)
-        if boundary is None:
-            return
-        error = self.checkpoints.gather(self._local_state)
-        if error is not None:
-            log.failure("checkpoint state failed", error)
-            self._held = self._held or ("checkpoint I/O", self._state_failure(error))
-        if not self.is_main or self._held is not None:
-            return
-        failed_validation: BaseException | None = None
-        best: float | None = None
-        if boundary.validate:
-            try:
-                metrics = self._validate(step)
-                if self.checkpoints.improves(step, metrics):
-                    best = metrics[self.config.best.metric]
-            except (Exception, SystemExit) as exc:  # noqa: BLE001 - held for the next agreement
-                log.failure("validation failed", exc)
-                failed_validation = exc
-            try:  # the checkpoint holds what validate changed (only rank 0 validates)
-                self.checkpoints.refresh_own(self._local_state)
-            except Exception as exc:  # noqa: BLE001 - held for the next agreement
-                log.failure("checkpoint state failed", exc)
-                self._held = ("checkpoint I/O", self._state_failure(exc))
-                return
-        try:  # the committed update is saved even when its validation failed
-            self.checkpoints.write_boundary(boundary, step, best)
-        except Exception as exc:  # noqa: BLE001 - held for the next agreement
-            LOG.error("checkpoint write failed", error=one_line(exc))
-            self._held = ("checkpoint I/O", exc)
-        if failed_validation is not None:
-            self._held = ("validation", failed_validation)
-
     def _validate(self, step: int) -> dict[str, Any]:
         """Rank 0: every plugin's ``validate``, logged; returns the metrics line."""
-        self.checkpoints.in_validation = True
-        try:
-            with self.ema.swapped_in() if self.ema is not None else nullcontext():
-                results = self.hook.validate(trainer=self.view, model=self.model, step=step)
-        finally:
-            self.checkpoints.in_validation = False
+        with self.ema.swapped_in() if self.ema is not None else nullcontext():
+            results = self.hook.validate(trainer=self.view, model=self.model, step=step)
         merged: dict[str, Any] = {}
         for part in results:
             for key, value in (part or {}).items():
@@ -527,7 +524,8 @@ class Loop(TrainerBase):
         return PluginError(f"{name} failed in state_dict: {one_line(exc)}")
 
     def _local_state(self) -> dict[str, Any]:
-        """This rank's ``state_dict`` contributions, every plugin's merged."""
+        """This rank's ``state_dict`` hook contributions, every plugin's merged (the
+        manager adds the registered objects' state)."""
         local: dict[str, Any] = {}
         for part in self.calls.state_dict(trainer=self.view):
             for key, value in (part or {}).items():

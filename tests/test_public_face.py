@@ -111,7 +111,7 @@ def test_the_check_covers_builtins_and_every_plugin_package():
     assert plugins and {("plugins", name) for name in plugins} <= sources
 
 
-BUILTIN = REPO / "slhub" / "builtin" / "recovery.py"
+BUILTIN = REPO / "slhub" / "builtin" / "ddp_weighting.py"
 NERD = REPO / "slhub" / "builtin" / "nerd" / "data.py"
 RWM = REPO / "plugins" / "rwm" / "src" / "slhub_rwm" / "plugin.py"
 

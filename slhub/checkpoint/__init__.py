@@ -6,8 +6,13 @@
 - :mod:`~slhub.checkpoint.files`: file names (``step_N.pt``, ``last.pt``,
   ``best.pt``), safe reads, atomic writes;
 - :mod:`~slhub.checkpoint.gather`: every rank's state to rank 0;
-- :mod:`~slhub.checkpoint.resume`: the resume plan, resolved once at admission;
-- :mod:`~slhub.checkpoint.manager`: cadence, committed snapshot, writes, retention.
+- :mod:`~slhub.checkpoint.resume`: the resume plan, resolved once at admission: every
+  question a resume asks and every refusal of one;
+- :mod:`~slhub.checkpoint.directory`: the run directory the plan starts in (claimed
+  fresh or reopened in place) and the identity run.json records;
+- :mod:`~slhub.checkpoint.states`: the registry of stateful objects each rank saves;
+- :mod:`~slhub.checkpoint.manager`: load, cadence, the boundary (gather, validation,
+  write), committed snapshot, retention.
 """
 
 from slhub.checkpoint.files import BEST, LAST, load, read_bytes, step_file

@@ -1,12 +1,13 @@
 """The checkpoint manager: when a boundary gathers and writes, what it writes, what is kept.
 
 One manager per rank (torchtitan's CheckpointManager role). The loop calls
-:meth:`CheckpointManager.due` after every update and, at a boundary,
-:meth:`~CheckpointManager.gather` (a collective on every rank), then on rank 0
-:meth:`~CheckpointManager.refresh_own` after validation and
-:meth:`~CheckpointManager.write_boundary`. On resume
-:meth:`~CheckpointManager.apply` loads a checkpoint into the loop's model,
-optimizer, schedule, scaler, moving average (``ema``) and plugins.
+:meth:`CheckpointManager.load` once with the resume plan, and
+:meth:`~CheckpointManager.boundary` after every update: when the update is a
+boundary it gathers every rank's state (a collective on every rank), and on rank 0
+validates, takes its own entry again and writes. Load and gather cover the model,
+optimizer, schedule, scaler, moving average (``ema``), the plugins'
+``state_dict``/``load_state_dict`` hooks and the objects registered with
+:meth:`~CheckpointManager.register` (:mod:`slhub.checkpoint.states`).
 ``Trainer.save()`` is :meth:`~CheckpointManager.save`.
 
 Retention: with ``trainer.keep_last: N`` the N newest boundary ``step_N.pt`` files
@@ -43,6 +44,7 @@ import slhub.checkpoint.files as files
 from slhub import log
 from slhub.artifacts import MetricsLog, read_identity, record_best
 from slhub.checkpoint.gather import gather_rank_states, snapshot
+from slhub.checkpoint.resume import ResumePlan
 from slhub.checkpoint.schema import (
     Checkpoint,
     EmaState,
@@ -51,10 +53,10 @@ from slhub.checkpoint.schema import (
     check_fits,
     check_state_loadable,
 )
+from slhub.checkpoint.states import StateRegistry
 from slhub.errors import (
     ArtifactError,
     CheckpointError,
-    DatasetError,
     PluginError,
     SlhubError,
     one_line,
@@ -65,8 +67,12 @@ from slhub.recipe import TrainerConfig
 
 LOG = log.get_logger()
 
-#: ``local_state() -> {key: state}``: this rank's merged ``state_dict`` contributions.
+#: ``local_state() -> {key: state}``: this rank's merged ``state_dict`` hook contributions.
 LocalState = Callable[[], dict[str, Any]]
+#: ``validate(step) -> metrics line``: rank 0's validation (every plugin's ``validate``).
+Validate = Callable[[int], dict[str, Any]]
+#: A failure held for the next agreement: ``(phase, exception)``.
+Held = tuple[str, BaseException]
 
 
 class Owner(Protocol):
@@ -82,6 +88,9 @@ class Owner(Protocol):
     view: Any
     #: The moving average (:class:`slhub.ema.Ema`), or None without an ``ema`` section.
     ema: Any
+    #: The datasets the plugins recorded while building (``Trainer.record_dataset``), by
+    #: name: compared with the checkpoint's on :meth:`CheckpointManager.load`.
+    datasets: dict[str, dict[str, Any]]
 
     @property
     def scaler(self) -> Any: ...
@@ -113,6 +122,22 @@ class CheckpointManager:
         self._committed_step = -1
         #: True while rank 0 validates: ``save()`` then writes what was gathered.
         self.in_validation = False
+        #: The stateful objects saved in each rank's entry besides the hooks' state.
+        self.states = StateRegistry()
+        #: The dataset differences a resume accepted (:meth:`load`), for the run identity.
+        self.dataset_changes: list[str] = []
+
+    def register(self, key: str, obj: Any) -> None:
+        """Save ``obj.state_dict()`` under ``key`` in this rank's entry at every boundary,
+        restore it on resume, and ``close()`` it when the run ends.
+
+        :raises PluginError: ``key`` is registered already, or ``obj`` is not stateful.
+        """
+        self.states.register(key, obj)
+
+    def close(self) -> None:
+        """Close the registered objects that have ``close()`` (once; the run has ended)."""
+        self.states.close()
 
     def bind(self, identity: dict[str, Any] | None, metrics: MetricsLog | None) -> None:
         """Rank 0: the run identity and metrics log of the opened run directory."""
@@ -131,12 +156,69 @@ class CheckpointManager:
             return None
         return Boundary(validate, scheduled or stop, stop and not scheduled)
 
-    # ------------------------------------------------------------ the gather
+    # ------------------------------------------------------------ the boundary
+
+    def boundary(
+        self,
+        step: int,
+        *,
+        stop: bool,
+        held: Held | None,
+        local_state: LocalState,
+        validate: Validate,
+        state_failure: Callable[[BaseException], BaseException],
+    ) -> Held | None:
+        """After update ``step`` (every rank): when it is a boundary (:meth:`due`), gather
+        every rank's state, then on rank 0 validate, take its own entry again and write.
+
+        ``held`` is the failure already held for the next agreement (rank 0 then skips
+        validation and the write); returns the failure held after the boundary: the
+        gather's or the write's (``checkpoint I/O``, a plugin's state failure named by
+        ``state_failure``), else validation's. A failed validation still writes the
+        committed update.
+        """
+        boundary = self.due(step, stop=stop)
+        if boundary is None:
+            return held
+        error = self.gather(local_state)
+        if error is not None:
+            log.failure("checkpoint state failed", error)
+            held = held or ("checkpoint I/O", state_failure(error))
+        if self._owner.rank != 0 or held is not None:
+            return held
+        failed_validation: BaseException | None = None
+        best: float | None = None
+        if boundary.validate:
+            try:
+                self.in_validation = True
+                try:
+                    metrics = validate(step)
+                finally:
+                    self.in_validation = False
+                if self.improves(step, metrics):
+                    assert self.config.best is not None
+                    best = metrics[self.config.best.metric]
+            except (Exception, SystemExit) as exc:  # noqa: BLE001 - held for the next agreement
+                log.failure("validation failed", exc)
+                failed_validation = exc
+            try:  # the checkpoint holds what validate changed (only rank 0 validates)
+                self.refresh_own(local_state)
+            except Exception as exc:  # noqa: BLE001 - held for the next agreement
+                log.failure("checkpoint state failed", exc)
+                return ("checkpoint I/O", state_failure(exc))
+        try:  # the committed update is saved even when its validation failed
+            self.write_boundary(boundary, step, best)
+        except Exception as exc:  # noqa: BLE001 - held for the next agreement
+            LOG.error("checkpoint write failed", error=one_line(exc))
+            held = ("checkpoint I/O", exc)
+        if failed_validation is not None:
+            held = ("validation", failed_validation)
+        return held
 
     def gather(self, local_state: LocalState) -> BaseException | None:
         """Gather every rank's state of the committed update to rank 0 (a collective on
         every rank). Returns this rank's own failure."""
-        self._committed, error = gather_rank_states(local_state)
+        self._committed, error = gather_rank_states(self._with_registered(local_state))
         self._committed_step = self._owner.step
         return error
 
@@ -144,7 +226,11 @@ class CheckpointManager:
         """Rank 0: take its own entry again, after validation, so what ``validate``
         changed is what this boundary's checkpoint holds (no collective)."""
         if self._committed is not None:
-            self._committed[0] = snapshot(local_state())
+            self._committed[0] = snapshot(self._with_registered(local_state)())
+
+    def _with_registered(self, local_state: LocalState) -> LocalState:
+        """The rank's whole entry: the hooks' contributions and the registered objects'."""
+        return lambda: self.states.merged(local_state())
 
     # ---------------------------------------------------------------- writes
 
@@ -259,40 +345,48 @@ class CheckpointManager:
         if self._metrics is not None:
             self._metrics.sync()
 
-    # ---------------------------------------------------------------- resume
+    # ------------------------------------------------------------ resume
 
-    def apply(self, ckpt: Checkpoint, allow_dataset_change: bool = False) -> list[str]:
-        """Load ``ckpt`` into the owner's model, optimizer, schedule, scaler and plugins
-        (every rank) and continue its retention. The datasets the plugins recorded while
-        building must be the checkpoint's; returns the differences accepted with
-        ``allow_dataset_change``."""
+    def load(self, plan: ResumePlan) -> None:
+        """Continue from the plan's checkpoint (every rank; nothing for a fresh start):
+        model, optimizer, schedule, scaler, moving average, the plugins'
+        ``load_state_dict`` hooks, the registered objects, and the retention. The
+        datasets the plugins recorded while building are checked against the
+        checkpoint's first; the differences accepted with ``--allow-dataset-change`` are
+        kept in :attr:`dataset_changes` for the run identity.
+
+        :raises CheckpointError: the checkpoint does not fit, naming its file.
+        """
+        ckpt = plan.checkpoint
+        if ckpt is None:
+            return
         owner = self._owner
-        changes = dataset_differences(ckpt, getattr(owner, "datasets", {}))
-        if changes and not allow_dataset_change:
-            raise DatasetError(
-                f"the dataset differs from the checkpoint's: {'; '.join(changes)}; exact "
-                "recovery needs the same data (pass --allow-dataset-change to resume anyway)"
-            )
-        check_fits(ckpt, owner.model, owner.optimizer)
-        _check_ema(ckpt, owner.ema is not None)
+        self.dataset_changes = plan.check_datasets(owner.datasets)
         try:
-            owner.model.load_state_dict(ckpt.model)
-            owner.optimizer.load_state_dict(ckpt.optimizer)
-            if owner.scheduler is not None and ckpt.schedule is not None:
-                owner.scheduler.load_state_dict(ckpt.schedule)
-            if owner.scaler is not None and ckpt.scaler is not None:
-                owner.scaler.load_state_dict(ckpt.scaler)
-        except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise CheckpointError(
-                f"checkpoint does not fit this recipe's model: {one_line(exc)}"
-            ) from None
+            check_fits(ckpt, owner.model, owner.optimizer)
+            try:
+                owner.model.load_state_dict(ckpt.model)
+                owner.optimizer.load_state_dict(ckpt.optimizer)
+                if owner.scheduler is not None and ckpt.schedule is not None:
+                    owner.scheduler.load_state_dict(ckpt.schedule)
+                if owner.scaler is not None and ckpt.scaler is not None:
+                    owner.scaler.load_state_dict(ckpt.scaler)
+            except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise CheckpointError(
+                    f"checkpoint does not fit this recipe's model: {one_line(exc)}"
+                ) from None
+        except CheckpointError as exc:  # every refusal of a checkpoint names its file
+            if plan.path is None or str(exc).startswith(str(plan.path)):
+                raise
+            raise CheckpointError(f"{plan.path}: {exc}") from None
         if owner.ema is not None:
             assert ckpt.ema is not None
             owner.ema.load(ckpt.ema.step, ckpt.ema.weights)
         owner.step = ckpt.step
+        state = ckpt.rank_state(owner.rank)
         hook = owner.hook.load_state_dict
         try:
-            hook(trainer=owner.view, state=ckpt.rank_state(owner.rank))
+            hook(trainer=owner.view, state=state)
         except SlhubError:
             raise
         except Exception as exc:  # noqa: BLE001 - a plugin's bug: its traceback, then one line
@@ -302,13 +396,8 @@ class CheckpointManager:
                 f"update {ckpt.step} on rank {owner.rank} (load_state_dict: {one_line(exc)}); "
                 "its traceback is in that rank's log"
             ) from None
-        if ckpt.step >= self.config.steps:
-            raise CheckpointError(
-                f"checkpoint is at update {ckpt.step} and trainer.steps is {self.config.steps}: "
-                "nothing to train; raise trainer.steps to continue"
-            )
+        self.states.load(state, ckpt.step, owner.rank)
         self.retention = ckpt.retention
-        return changes
 
 
 def finish_write(
@@ -370,40 +459,3 @@ def _holds(name: Path, last: Path, sha256: str) -> bool:
     except FileNotFoundError:
         return False
     return files.sha256_file(name) == sha256
-
-
-def _check_ema(ckpt: Checkpoint, averaging: bool) -> None:
-    """A run with an ``ema`` section continues a checkpoint's average, never starts one
-    midway (its warm-up would restart), and a run without one does not drop it. The
-    recipe comparison refuses both for a v2 checkpoint already; this covers a v1 file."""
-    if averaging and ckpt.ema is None:
-        raise CheckpointError(
-            f"checkpoint of update {ckpt.step} holds no EMA weights and this recipe has an ema "
-            "section: an exact resume continues an average from its start (remove ema, or "
-            "train afresh)"
-        )
-    if not averaging and ckpt.ema is not None:
-        raise CheckpointError(
-            "checkpoint holds EMA weights and this recipe has no ema section: an exact "
-            "resume keeps averaging (add the checkpoint's ema section)"
-        )
-
-
-def dataset_differences(ckpt: Checkpoint, current: dict[str, dict[str, Any]]) -> list[str]:
-    """What differs between the datasets a checkpoint's run recorded and this run's, in
-    words. A checkpoint written before runs recorded datasets is not compared."""
-    from slhub.data.dataset_fingerprint import differences
-
-    recorded = (ckpt.run or {}).get("datasets")
-    if recorded is None:
-        return []
-    out = []
-    for name in sorted(set(recorded) | set(current)):
-        old, new = recorded.get(name), current.get(name)
-        if old is None or new is None:
-            out.append(f"dataset {name} {'added' if old is None else 'no longer recorded'}")
-            continue
-        out += [f"dataset {name}: {d}" for d in differences(old["fingerprint"], new["fingerprint"])]
-        if old.get("split") != new.get("split"):
-            out.append(f"dataset {name}: split changed")
-    return out

@@ -1,12 +1,19 @@
-"""The resume plan: which checkpoint a run starts from, read once and agreed by every rank.
+"""The resume plan: every question a resume asks, answered once and agreed by every rank.
 
 :func:`plan_resume` is called once per rank during admission and does all of it:
 rank 0 decides the file (``--resume auto``: the run directory's ``last.pt`` when
 it exists) and reads it; a rank with no file at that path (a node without a
 shared filesystem) receives rank 0's bytes over the process group, a rank with
 one must hold the same bytes; the checkpoint is then checked against this run
-(world size, plugins, code, recipe). What comes out is an immutable
-:class:`ResumePlan` that the bootstrap and the loop only read.
+(world size, plugins, code, recipe, moving average) and against
+``trainer.steps`` (:func:`nothing_to_train`). What comes out is an immutable
+:class:`ResumePlan` that the bootstrap, the run directory
+(:mod:`slhub.checkpoint.directory`) and the manager's ``load`` only read; the one
+check that needs the built model, the datasets its plugins recorded, is
+:meth:`ResumePlan.check_datasets`.
+
+Every refusal of a resume is raised here, so this module is the whole list of
+reasons a checkpoint cannot continue a run.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from typing import Any
 import slhub.checkpoint.files as files
 from slhub import distributed, log
 from slhub.checkpoint.schema import Checkpoint, plugins_of
-from slhub.errors import ArtifactError, CheckpointError
+from slhub.errors import ArtifactError, CheckpointError, DatasetError
 from slhub.paths import path_errors
 from slhub.recipe import RESUMABLE_KEYS, recipe_differences
 
@@ -52,6 +59,8 @@ class ResumePlan:
     ``checkpoint`` is None for a fresh start. ``source_changes`` are the code
     differences the user accepted with ``allow_source_change``; ``sha256`` is the
     digest of the checkpoint file's bytes (what run.json's ``resumed_from`` records).
+    ``complete``: ``--resume auto`` found the run already at ``trainer.steps``, so
+    there is nothing to do (the run exits 0).
     """
 
     request: StartRequest
@@ -59,12 +68,30 @@ class ResumePlan:
     checkpoint: Checkpoint | None = None
     sha256: str | None = None
     source_changes: tuple[str, ...] = ()
+    complete: bool = False
 
     @property
     def auto_fresh(self) -> bool:
         """``--resume auto`` found nothing to resume: a leftover run without checkpoints
         (failed before its first save) is moved aside instead of blocking the start."""
         return self.request.auto and self.checkpoint is None
+
+    def check_datasets(self, datasets: dict[str, dict[str, Any]]) -> list[str]:
+        """The datasets the plugins recorded while building (``record_dataset``) against
+        the checkpoint's. Returns the differences accepted with ``allow_dataset_change``
+        (none for a fresh start).
+
+        :raises DatasetError: a difference the user did not accept, naming it.
+        """
+        if self.checkpoint is None:
+            return []
+        changes = dataset_differences(self.checkpoint, datasets)
+        if changes and not self.request.allow_dataset_change:
+            raise DatasetError(
+                f"the dataset differs from the checkpoint's: {'; '.join(changes)}; exact "
+                "recovery needs the same data (pass --allow-dataset-change to resume anyway)"
+            )
+        return changes
 
 
 def plan_resume(
@@ -79,6 +106,9 @@ def plan_resume(
 
     A collective on every rank, also on a rank that already ``failed`` (it takes part
     and reads nothing; ``output_dir``, ``recipe`` and ``source`` may then be None).
+    ``recipe`` is the recipe as plain data (:meth:`slhub.recipe.Recipe.to_dict`): its
+    ``trainer.steps`` and ``ema`` are what the checkpoint must leave something to
+    train for and continue.
     """
     path: Path | None = None
     error: BaseException | None = None
@@ -92,6 +122,7 @@ def plan_resume(
     if error is not None or failed:
         return None, error
     changes: list[str] = []
+    complete = False
     if ckpt is not None:
         assert path is not None and recipe is not None and source is not None
         try:
@@ -103,9 +134,27 @@ def plan_resume(
                 world_size=distributed.world_size(),
                 allow_source_change=request.allow_source_change,
             )
+            _check_ema(ckpt, path, averaging=recipe.get("ema") is not None)
+            complete = nothing_to_train(request, ckpt, path, recipe["trainer"]["steps"])
         except Exception as exc:  # noqa: BLE001 - held for the agreement
             return None, exc
-    return ResumePlan(request, path, ckpt, sha256, tuple(changes)), None
+    return ResumePlan(request, path, ckpt, sha256, tuple(changes), complete), None
+
+
+def nothing_to_train(request: StartRequest, ckpt: Checkpoint, path: Path, steps: int) -> bool:
+    """Whether the checkpoint leaves no update to train: True for ``--resume auto`` (a
+    requeue of a finished run, which exits 0).
+
+    :raises CheckpointError: an explicit checkpoint at or after ``trainer.steps``.
+    """
+    if ckpt.step < steps:
+        return False
+    if request.auto:
+        return True
+    raise CheckpointError(
+        f"{path}: checkpoint is at update {ckpt.step} and trainer.steps is {steps}: "
+        "nothing to train; raise trainer.steps to continue"
+    )
 
 
 def _requested_path(request: StartRequest, output_dir: str | Path | None) -> Path | None:
@@ -244,6 +293,43 @@ def check_compatible(
             f"{', '.join(sorted(RESUMABLE_KEYS))} may change): {shown}"
         )
     return changes
+
+
+def _check_ema(ckpt: Checkpoint, path: Path, averaging: bool) -> None:
+    """A run with an ``ema`` section continues a checkpoint's average, never starts one
+    midway (its warm-up would restart), and a run without one does not drop it. The
+    recipe comparison refuses both for a v2 checkpoint already; this covers a v1 file."""
+    if averaging and ckpt.ema is None:
+        raise CheckpointError(
+            f"{path}: checkpoint of update {ckpt.step} holds no EMA weights and this recipe "
+            "has an ema section: an exact resume continues an average from its start "
+            "(remove ema, or train afresh)"
+        )
+    if not averaging and ckpt.ema is not None:
+        raise CheckpointError(
+            f"{path}: checkpoint holds EMA weights and this recipe has no ema section: an "
+            "exact resume keeps averaging (add the checkpoint's ema section)"
+        )
+
+
+def dataset_differences(ckpt: Checkpoint, current: dict[str, dict[str, Any]]) -> list[str]:
+    """What differs between the datasets a checkpoint's run recorded and this run's, in
+    words. A checkpoint written before runs recorded datasets is not compared."""
+    from slhub.data.identity import differences
+
+    recorded = (ckpt.run or {}).get("datasets")
+    if recorded is None:
+        return []
+    out = []
+    for name in sorted(set(recorded) | set(current)):
+        old, new = recorded.get(name), current.get(name)
+        if old is None or new is None:
+            out.append(f"dataset {name} {'added' if old is None else 'no longer recorded'}")
+            continue
+        out += [f"dataset {name}: {d}" for d in differences(old["fingerprint"], new["fingerprint"])]
+        if old.get("split") != new.get("split"):
+            out.append(f"dataset {name}: split changed")
+    return out
 
 
 def source_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:

@@ -378,7 +378,7 @@ def _type_problem(data: dict[str, Any], version: int) -> str | None:
         return f"ranks has {len(ranks)} entries for world size {run['world_size']}"
     for rank, entry in enumerate(ranks):
         missing = [key for key in RANK_KEYS if key not in entry]
-        if missing:  # the built-in recovery plugin writes them at every checkpoint
+        if missing:  # the loop registers them, so every checkpoint holds them
             return f"ranks[{rank}] has no {' and no '.join(missing)} state"
     for key in ("recipe", "source"):
         if not isinstance(run.get(key, {}), dict):
@@ -408,7 +408,8 @@ def _ema_problem(ema: Any) -> str | None:
     return None
 
 
-#: What every rank's entry of a v2 checkpoint holds (the recovery plugin's ``save``):
+#: What every rank's entry of a v2 checkpoint holds (the loop's registered ``rng`` and
+#: ``sampler``, :mod:`slhub.rank_state`):
 #: without them a resume would continue with fresh random streams, silently inexact.
 RANK_KEYS = ("rng", "sampler")
 #: Hyperparameters of torch's optimizers that are numbers in every parameter group.

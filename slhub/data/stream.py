@@ -6,12 +6,16 @@ threads while the loop trains on the current one. Exactness does not depend on t
 worker count: the anchors of batch ``n + ahead`` are drawn with the trainer's
 generator when batch ``n`` is taken, whatever ``workers`` is (0 decodes in the
 caller's thread, when the batch is taken), and a window is a pure function of its
-anchors. The drawn-but-unused anchors are the stream's state: the plugin saves them
-with :meth:`WindowStream.state_dict` beside the generator's state, so a resumed run
-decodes exactly the batches the uninterrupted run would have.
+anchors. The drawn-but-unused anchors are the stream's state
+(:meth:`WindowStream.state_dict`), saved beside the generator's state: a stream made
+with ``TrainingData.stream(..., trainer=trainer, key=KEY)`` is registered with the
+trainer (``register_state``), so every checkpoint holds them under ``KEY`` and a
+resumed run decodes exactly the batches the uninterrupted run would have.
 
 Each worker thread opens its own reader of the dataset (file handles and video
-decoders are not shared between threads).
+decoders are not shared between threads). :meth:`WindowStream.close` stops the
+threads and closes their readers (and the source, for a stream that owns it); the
+trainer closes a registered stream when the run ends, however it ends.
 """
 
 from __future__ import annotations
@@ -39,10 +43,13 @@ class WindowSource(Protocol):
 
     def reopened(self) -> WindowSource: ...
 
+    def close(self) -> None: ...
+
 
 class WindowStream:
     """Batches of training windows: drawn in order with the trainer's generator,
-    decoded ``ahead`` batches in advance on ``workers`` threads."""
+    decoded ``ahead`` batches in advance on ``workers`` threads. ``owns_data``: closing
+    the stream also closes ``data``."""
 
     def __init__(
         self,
@@ -52,8 +59,10 @@ class WindowStream:
         *,
         ahead: int = 1,
         workers: int = 0,
+        owns_data: bool = False,
     ) -> None:
         self.data = data
+        self.owns_data = owns_data
         self.offsets = {role: tuple(int(o) for o in steps) for role, steps in offsets.items()}
         self.batch_size = int(batch_size)
         self.ahead = int(ahead)
@@ -62,6 +71,9 @@ class WindowStream:
         self._pending: deque[np.ndarray] = deque()
         self._decoding: deque[Future[dict[str, Any]] | None] = deque()
         self._local = threading.local()
+        self._readers: list[WindowSource] = []  # the worker threads' own readers
+        self._lock = threading.Lock()
+        self._closed = False
         self._pool = (
             ThreadPoolExecutor(self.workers, thread_name_prefix="slhub-decode")
             if self.workers
@@ -90,12 +102,18 @@ class WindowStream:
         if reader is None:
             reader = self.data.reopened()
             self._local.data = reader
+            if reader is not self.data:
+                with self._lock:
+                    self._readers.append(reader)
         return reader.read(self.offsets, anchors)
 
     # ------------------------------------------------------------ state
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """The anchors drawn but not yet trained on (``[n, batch, 2]`` int64)."""
+    def state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The anchors drawn but not yet trained on (``[n, batch, 2]`` int64); None for a
+        stream that draws nothing ahead (``ahead: 0``: it has no state to save)."""
+        if not self.ahead:
+            return None
         pending = np.stack(list(self._pending)) if self._pending else np.zeros((0, 0, 2))
         return {"pending": torch.from_numpy(np.asarray(pending, dtype=np.int64))}
 
@@ -111,5 +129,16 @@ class WindowStream:
             self._push(np.asarray(anchors, dtype=np.int64))
 
     def close(self) -> None:
+        """Stop the decode threads (waiting for them), close their readers and, when the
+        stream owns it, the source. Closing again does nothing."""
+        if self._closed:
+            return
+        self._closed = True
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            readers, self._readers = self._readers, []
+        for reader in readers:
+            reader.close()
+        if self.owns_data:
+            self.data.close()

@@ -399,11 +399,38 @@ class TrainingData:
         out["anchors"] = np.asarray(anchors, dtype=np.int64)
         return out
 
-    def stream(self, offsets: Mapping[str, Sequence[int]], batch_size: int) -> WindowStream:
-        """Training batches of ``offsets`` decoded ahead as ``data.decode`` says."""
-        return WindowStream(
-            self, offsets, batch_size, ahead=self.decode.ahead, workers=self.decode.workers
+    def stream(
+        self,
+        offsets: Mapping[str, Sequence[int]],
+        batch_size: int,
+        *,
+        trainer: Any = None,
+        key: str | None = None,
+    ) -> WindowStream:
+        """Training batches of ``offsets`` decoded ahead as ``data.decode`` says.
+
+        With ``trainer`` and ``key`` the stream is registered with the trainer
+        (``trainer.register_state(key, stream)``): every checkpoint holds the windows it
+        drew ahead under ``key``, a resume restores them, and when the run ends the
+        stream is closed, and this data with it.
+        """
+        if (trainer is None) != (key is None):
+            raise TypeError("TrainingData.stream: pass trainer and key together, or neither")
+        stream = WindowStream(
+            self,
+            offsets,
+            batch_size,
+            ahead=self.decode.ahead,
+            workers=self.decode.workers,
+            owns_data=trainer is not None,
         )
+        if trainer is not None:
+            try:
+                trainer.register_state(key, stream)
+            except BaseException:
+                stream.close()
+                raise
+        return stream
 
     def reopened(self) -> TrainingData:
         """This data with its own reader of the same files (a decode thread's private

@@ -86,7 +86,10 @@ class NerdPlugin:
         model = NerdModel(arch, layout).to(DTYPES[model_cfg.precision])
         model.set_normalization(*normalization(data, layout))
         self._data, self._layout = data, layout
-        self._stream = data.stream(window_offsets(layout, arch.history), trainer.config.batch_size)
+        self._stream = data.stream(  # checkpointed under "nerd", closed with the run
+            window_offsets(layout, arch.history), trainer.config.batch_size,
+            trainer=trainer, key="nerd",
+        )  # fmt: skip
         return model
 
     # -------------------------------------------------------------- every update
@@ -116,18 +119,6 @@ class NerdPlugin:
             batch_mask(self._mask, batch, tokens),
         )
         return LossResult(loss=loss, weight=weight)
-
-    @hookimpl
-    def state_dict(self, trainer: Trainer) -> dict[str, Any] | None:
-        """The windows drawn ahead of the loop (``data.decode.ahead``), if any."""
-        if self._stream is None or not self._stream.ahead:
-            return None
-        return {"nerd": self._stream.state_dict()}
-
-    @hookimpl
-    def load_state_dict(self, trainer: Trainer, state: dict[str, Any]) -> None:
-        if self._stream is not None and "nerd" in state:
-            self._stream.load_state_dict(state["nerd"])
 
     # -------------------------------------------------------------- validation
 

@@ -107,7 +107,8 @@ class BcPlugin:
         env = trainer.section("validation").env
         self._env = plan(env, cfg, data) if env is not None else None
         self._data = data
-        self._stream = data.stream(offsets, trainer.config.batch_size)  # data.decode
+        # data.decode; checkpointed under "bc" and closed with the run
+        self._stream = data.stream(offsets, trainer.config.batch_size, trainer=trainer, key=SECTION)
         return model.to(DTYPES[cfg.precision])
 
     # -------------------------------------------------------------- every update
@@ -131,18 +132,6 @@ class BcPlugin:
     def objective(self, trainer: Trainer, model: torch.nn.Module, batch: dict) -> LossResult:
         loss, weight = masked_error(model, batch)
         return LossResult(loss=loss / max(weight, 1), weight=weight)
-
-    @hookimpl
-    def state_dict(self, trainer: Trainer) -> dict[str, Any] | None:
-        """The windows drawn ahead of the loop (``data.decode.ahead``), if any."""
-        if self._stream is None or not self._stream.ahead:
-            return None
-        return {SECTION: self._stream.state_dict()}
-
-    @hookimpl
-    def load_state_dict(self, trainer: Trainer, state: dict[str, Any]) -> None:
-        if self._stream is not None and SECTION in state:
-            self._stream.load_state_dict(state[SECTION])
 
     # -------------------------------------------------------------- validation
 

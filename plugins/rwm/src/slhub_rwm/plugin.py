@@ -59,7 +59,8 @@ class RwmPlugin:
         data = open_data(data_cfg, trainer)
         layout = layout_of(data, cfg)
         offsets = window_offsets(layout, cfg.history, cfg.horizon)
-        self._stream = data.stream(offsets, trainer.config.batch_size)  # refuses short episodes
+        # refuses short episodes; checkpointed under "rwm" and closed with the run
+        self._stream = data.stream(offsets, trainer.config.batch_size, trainer=trainer, key=SECTION)
         self._val_anchors = validation_anchors(data, layout, cfg.val_stride)
         model = WorldModel(layout).to(DTYPES[cfg.precision])
         model.set_normalization(*normalization(data, layout))
@@ -73,18 +74,6 @@ class RwmPlugin:
         assert self._stream is not None
         window = self._stream.next(generator)
         return batch_of(window, layout, trainer.device, DTYPES[cfg.precision])
-
-    @hookimpl
-    def state_dict(self, trainer: Trainer) -> dict[str, Any] | None:
-        """The windows drawn ahead of the loop (``data.decode.ahead``), if any."""
-        if self._stream is None or not self._stream.ahead:
-            return None
-        return {SECTION: self._stream.state_dict()}
-
-    @hookimpl
-    def load_state_dict(self, trainer: Trainer, state: dict[str, Any]) -> None:
-        if self._stream is not None and SECTION in state:
-            self._stream.load_state_dict(state[SECTION])
 
     @hookimpl
     def objective(self, trainer: Trainer, model: torch.nn.Module, batch: dict) -> LossResult:
