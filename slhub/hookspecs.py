@@ -149,12 +149,6 @@ class Trainer(Protocol):
         the path on rank 0, None elsewhere.
         """
 
-    def register_state(self, name: str, obj: Any) -> None:
-        """Register an object with ``state_dict()``/``load_state_dict(state)`` (and
-        optionally ``close()``) with the checkpoint component under ``name``: saved per
-        rank at every boundary, restored on resume, closed at run end.
-        """
-
 
 # --------------------------------------------------------------------------
 # Configuration
