@@ -86,6 +86,12 @@ class Plugins:
         """What run.json records and a resume compares."""
         return [source.to_dict() for source in self.sources]
 
+    def code_identity(self) -> dict[str, Any]:
+        """What run.json records of the code that runs: slhub, torch and every plugin."""
+        import torch  # the registry itself needs no torch; a run has it loaded already
+
+        return {"slhub": __version__, "torch": str(torch.__version__), "plugins": self.to_list()}
+
 
 def direct_caller(pm: pluggy.PluginManager, name: str) -> Any:
     """A callable equivalent to ``pm.hook.<name>(**kwargs)`` for the plugins registered now,

@@ -32,7 +32,6 @@ from typing import Any
 import torch
 
 from slhub import artifacts, distributed, log, preemption, registry
-from slhub._version import __version__
 from slhub.checkpoint import ResumePlan, StartRequest, plan_resume
 from slhub.checkpoint.directory import finish_complete, open_run
 from slhub.errors import PluginError, SlhubError
@@ -154,12 +153,12 @@ def _train_on(admitted: Recipe | Exception, request: StartRequest, device: torch
         assert loop is not None
         if loop.is_main:
             try:
-                run_lock, identity, metrics = _open_run_directory(loop, plan, run_lock)
+                run_lock, identity, metrics = _open_run_directory(loop, admitted, plan, run_lock)
             except Exception as exc:  # noqa: BLE001 - agreed on below
                 error = _logged(exc)
         _agree_or_raise(error, device)
         del plan
-        return _fit(loop, device, identity, metrics)
+        return _fit(loop, admitted, device, identity, metrics)
     finally:
         if loop is not None:  # streams and readers, also when admission failed elsewhere
             loop.close()
@@ -180,6 +179,7 @@ def _set_threads(threads: str | int, device: torch.device) -> None:
 
 def _fit(
     loop: Loop,
+    recipe: Recipe,
     device: torch.device,
     identity: dict[str, Any] | None,
     metrics: artifacts.MetricsLog | None,
@@ -195,9 +195,9 @@ def _fit(
     )
     LOG.info(
         "recipe",
-        path=loop.recipe.path,
+        path=recipe.path,
         output_dir=str(loop.output_dir),
-        plugins=",".join(source.name for source in loop.plugins.sources),
+        plugins=",".join(source["name"] for source in loop.code_identity()["plugins"]),
     )
     log.set_step(loop.step)
     try:
@@ -254,7 +254,7 @@ def _admit(
         request,
         output_dir=recipe.trainer.output_dir if ok else None,
         recipe=recipe.to_dict() if ok else None,
-        source=_source_identity(plugins) if ok else None,
+        source=plugins.code_identity() if ok else None,
         failed=not ok,
     )
     if error is not None or plan_error is not None:
@@ -270,7 +270,7 @@ def _admit(
     loop: Loop | None = None
     try:
         loop = Loop(recipe, plugins, device, plan)  # closes what it opened when it fails
-        loop.hook.admit(trainer=loop.view)  # the plugins' last word, before any artifact
+        loop.admit()  # the plugins' last word, before any artifact
     except Exception as exc:  # noqa: BLE001 - held for the agreement
         if loop is not None:
             loop.close()
@@ -294,7 +294,7 @@ def _agree_or_raise(error: BaseException | None, device: torch.device) -> None:
 
 
 def _open_run_directory(
-    loop: Loop, plan: ResumePlan, held: artifacts.RunLock | None = None
+    loop: Loop, recipe: Recipe, plan: ResumePlan, held: artifacts.RunLock | None = None
 ) -> tuple[artifacts.RunLock, dict[str, Any], artifacts.MetricsLog]:
     """Rank 0: lock the output dir (unless admission ``held`` it already), then claim it
     fresh or reopen the checkpoint's run in place. Returns the lock, the identity
@@ -303,21 +303,16 @@ def _open_run_directory(
     try:
         identity, metrics = open_run(
             plan,
-            recipe=loop.recipe,
+            recipe=recipe,
             world_size=loop.world_size,
-            source=_source_identity(loop.plugins),
+            source=loop.code_identity(),
             datasets=loop.datasets,
-            dataset_changes=loop.checkpoints.dataset_changes,
+            dataset_changes=loop.dataset_changes,
         )
     except BaseException:
         run_lock.release()
         raise
     return run_lock, identity, metrics
-
-
-def _source_identity(plugins: registry.Plugins) -> dict[str, Any]:
-    """What run.json records of the code that ran: slhub, torch and every plugin."""
-    return {"slhub": __version__, "torch": str(torch.__version__), "plugins": plugins.to_list()}
 
 
 def _logged(exc: BaseException) -> BaseException:

@@ -86,7 +86,7 @@ class _Objective(nn.Module):
 
     def forward(self, batch: Any, step: int) -> LossResult:
         loop, model = self._plain
-        result = loop.calls.objective(trainer=loop.view, model=model, batch=batch, step=step)
+        result = loop._calls.objective(trainer=loop.view, model=model, batch=batch, step=step)
         if not isinstance(result, LossResult):
             raise PluginError(
                 f"objective returned {type(result).__name__}, expected slhub.LossResult"
@@ -150,10 +150,10 @@ class Loop(TrainerBase):
     ) -> None:
         """Build the model, optimizer and schedule, then continue from ``plan``'s
         checkpoint (every rank). A failure closes what the plugins registered."""
-        self.recipe = recipe
+        self._recipe = recipe
         self.config = recipe.trainer
-        self.plugins = plugins
-        self.hook = plugins.hook
+        self._plugins = plugins
+        self._hook = plugins.hook
         self.device = device
         self.rank = distributed.rank()
         self.world_size = distributed.world_size()
@@ -161,8 +161,8 @@ class Loop(TrainerBase):
         self.step = 0
         #: The run's id, the metrics log (rank 0) and the stop signals: set by :meth:`fit`.
         self.run_id: str | None = None
-        self.metrics: MetricsLog | None = None
-        self.stop_signals: StopSignals | None = None
+        self._metrics: MetricsLog | None = None
+        self._stop_signals: StopSignals | None = None
         self.datasets: dict[str, dict[str, Any]] = {}
         self._in_commit = False
         self._held: tuple[str, BaseException] | None = None
@@ -170,18 +170,18 @@ class Loop(TrainerBase):
         self.view = TrainerView(self)
         #: Owns the boundary cadence, the gather, the registered state and every
         #: checkpoint write and load.
-        self.checkpoints = CheckpointManager(self, self.config)
+        self._checkpoints = CheckpointManager(self, self.config, self._hook.load_state_dict)
         try:
             self._build(recipe, plugins, device)
             if plan is not None:
-                self.checkpoints.load(plan)
+                self._checkpoints.load(plan)
         except BaseException:
             self.close()
             raise
 
     def _build(self, recipe: Recipe, plugins: Plugins, device: torch.device) -> None:
         rng.seed_everything(self.config.seed)  # identical model init on every rank
-        model = self.hook.build_model(trainer=self.view)
+        model = self._hook.build_model(trainer=self.view)
         if not isinstance(model, nn.Module):
             raise PluginError(
                 f"{plugins.model.describe()} build_model returned "
@@ -189,7 +189,7 @@ class Loop(TrainerBase):
             )
         self.model: nn.Module = model.to(device)
         self.model.train()
-        self.precision = MixedPrecision(self.config.precision, device)
+        self._precision = MixedPrecision(self.config.precision, device)
         self.optimizer, self.scheduler = self._configure_optimizers()
         #: The moving average of the recipe's ``ema`` section (None without one).
         self.ema = Ema(self.model, recipe.ema) if recipe.ema is not None else None
@@ -202,10 +202,10 @@ class Loop(TrainerBase):
         self._ddp: DistributedDataParallel | None = None
         self._buckets_rebuilt = True  # nothing to rebuild until fit() wraps the model in DDP
         #: The per-update hooks, resolved at :meth:`fit` for the plugins registered then.
-        self.calls: _Calls | None = None
+        self._calls: _Calls | None = None
 
     def _configure_optimizers(self):
-        built = self.hook.configure_optimizers(trainer=self.view, model=self.model)
+        built = self._hook.configure_optimizers(trainer=self.view, model=self.model)
         if isinstance(built, tuple) and len(built) != 2:
             raise PluginError(
                 f"configure_optimizers returned a tuple of {len(built)}, expected an optimizer "
@@ -223,29 +223,42 @@ class Loop(TrainerBase):
 
     @property
     def _sections(self) -> Mapping[str, Any]:
-        return self.recipe.sections
+        return self._recipe.sections
 
     @property
     def scaler(self) -> Any:
         """The fp16 gradient scaler, or None."""
-        return self.precision.scaler
+        return self._precision.scaler
+
+    @property
+    def dataset_changes(self) -> list[str]:
+        """The dataset differences the resume accepted (``--allow-dataset-change``)."""
+        return self._checkpoints.dataset_changes
+
+    def code_identity(self) -> dict[str, Any]:
+        """The code this loop runs (slhub, torch, plugins), as run.json records it."""
+        return self._plugins.code_identity()
+
+    def admit(self) -> None:
+        """Every plugin's ``admit`` hook: the plugins' last word before any artifact."""
+        self._hook.admit(trainer=self.view)
 
     def register_state(self, name: str, obj: Any) -> None:
         """Checkpoint ``obj`` (``state_dict()``/``load_state_dict(state)``) under ``name`` in
         this rank's entry, restore it on resume, and ``close()`` it when the run ends."""
-        self.checkpoints.register(name, obj)
+        self._checkpoints.register(name, obj)
 
     def close(self) -> None:
         """Close every registered object that has ``close()`` (decode threads, readers);
         once, however the run ended."""
-        self.checkpoints.close()
+        self._checkpoints.close()
 
     # ------------------------------------------------------------------- loop
 
     def fit(self, run: RunContext) -> None:
         """Run updates ``step + 1 .. steps`` under the step protocol."""
-        self.run_id, self.metrics, self.stop_signals = run.run_id, run.metrics, run.stop_signals
-        self.checkpoints.bind(run.identity, run.metrics)
+        self.run_id, self._metrics, self._stop_signals = run.run_id, run.metrics, run.stop_signals
+        self._checkpoints.bind(run.identity, run.metrics)
         if self.world_size > 1:
             with warnings.catch_warnings():
                 # torch 2.13 deprecates broadcast_buffers, but its replacement still
@@ -264,13 +277,13 @@ class Loop(TrainerBase):
                         f"every rank): DistributedDataParallel: {one_line(exc)}"
                     ) from None
                 self._buckets_rebuilt = False
-        self.calls = _Calls(self.plugins)  # the plugins registered now, for the whole run
+        self._calls = _Calls(self._plugins)  # the plugins registered now, for the whole run
         stopped_at = None
         status = "failed"
         try:
             for step in range(self.step + 1, self.config.steps + 1):
                 stop = self._update(step)
-                self._held = self.checkpoints.boundary(
+                self._held = self._checkpoints.boundary(
                     step,
                     stop=stop,
                     held=self._held,
@@ -288,8 +301,8 @@ class Loop(TrainerBase):
             self._end(status)
             self.close()
         if stopped_at is not None:
-            if self.stop_signals is not None:
-                self.stop_signals.done = True
+            if self._stop_signals is not None:
+                self._stop_signals.done = True
             raise Preempted(
                 f"preempted by a stop signal at update {stopped_at}: wrote "
                 f"{files.step_file(stopped_at)} and {files.LAST} in {self.output_dir}",
@@ -298,7 +311,7 @@ class Loop(TrainerBase):
 
     def _end(self, status: str) -> None:
         try:
-            self.hook.on_fit_end(trainer=self.view, status=status)
+            self._hook.on_fit_end(trainer=self.view, status=status)
         except Exception as exc:  # noqa: BLE001 - the run's outcome is already decided
             log.failure("on_fit_end failed", exc)
 
@@ -306,7 +319,7 @@ class Loop(TrainerBase):
         """One update under the protocol; True when the run was asked to stop after it."""
         log.set_step(step)
         last, weight, weighted_loss, failure = self._compute(step)
-        stop = self.stop_signals is not None and self.stop_signals.requested
+        stop = self._stop_signals is not None and self._stop_signals.requested
         agreed = distributed.agree(
             weight, weighted_loss, failure[0] if failure else None, self.device, stop
         )
@@ -341,17 +354,17 @@ class Loop(TrainerBase):
             for micro in range(count):
                 final = micro == count - 1
                 phase = "sampling"
-                batch = self.calls.sample(trainer=self.view, generator=self.generator, step=step)
+                batch = self._calls.sample(trainer=self.view, generator=self.generator, step=step)
                 if batch is None:
                     raise PluginError(
                         "sample returned None (the model plugin's sample must return the batch)"
                     )
                 phase = "objective"
-                if self._ddp is None and self.precision.dtype is None:
+                if self._ddp is None and self._precision.dtype is None:
                     # one process in fp32: no wrapper, no context to enter on the hot path
                     result = self._objective.forward(batch, step)
                 else:
-                    with self._sync(final), self.precision.autocast():
+                    with self._sync(final), self._precision.autocast():
                         wrapped = self._ddp if self._ddp is not None else self._objective
                         result = wrapped(batch, step)
                 if isinstance(result.weight, (str, bytes, bool)):  # float() would take "5"
@@ -400,11 +413,11 @@ class Loop(TrainerBase):
         accumulating = self.config.accumulate > 1
         share = float(self.world_size) if accumulating else total
         if weight > 0 and (accumulating or (total or 0.0) > 0):
-            scaled = self.calls.scale_loss(trainer=self.view, result=result, total_weight=share)
+            scaled = self._calls.scale_loss(trainer=self.view, result=result, total_weight=share)
         else:
             scaled = self._exact_zero()
-        if self.precision.scaler is not None:
-            scaled = self.precision.scaler.scale(scaled)
+        if self._precision.scaler is not None:
+            scaled = self._precision.scaler.scale(scaled)
         scaled.backward()
 
     def _step_optimizer(self, total: float) -> float | None:
@@ -418,7 +431,7 @@ class Loop(TrainerBase):
                 # clip_grad_norm_ and the optimizers use them); one fused kernel on a GPU.
                 # Relied on since torch 2.4 (pyproject's floor), tested on 2.13.0.
                 torch._foreach_mul_(grads, self.world_size / total)
-            scaler = self.precision.scaler
+            scaler = self._precision.scaler
             if self.config.grad_clip_norm is not None:
                 params = [p for p in self.model.parameters() if p.grad is not None]
                 if scaler is not None:
@@ -467,10 +480,10 @@ class Loop(TrainerBase):
         try:
             for key, value in result.metrics.items():
                 metrics[f"train/{key}"] = _scalar(f"train/{key}", value)
-            if self.calls.on_commit is not None:
+            if self._calls.on_commit is not None:
                 self._in_commit = True
                 try:
-                    self.calls.on_commit(
+                    self._calls.on_commit(
                         trainer=self.view, step=step, result=result, metrics=metrics
                     )
                 finally:
@@ -490,7 +503,7 @@ class Loop(TrainerBase):
     def _validate(self, step: int) -> dict[str, Any]:
         """Rank 0: every plugin's ``validate``, logged; returns the metrics line."""
         with self.ema.swapped_in() if self.ema is not None else nullcontext():
-            results = self.hook.validate(trainer=self.view, model=self.model, step=step)
+            results = self._hook.validate(trainer=self.view, model=self.model, step=step)
         merged: dict[str, Any] = {}
         for part in results:
             for key, value in (part or {}).items():
@@ -502,10 +515,10 @@ class Loop(TrainerBase):
 
     def _log_line(self, line: dict[str, Any]) -> None:
         """Rank 0: append a metrics line, then hand it to the loggers (``on_log``)."""
-        assert self.metrics is not None
-        self.metrics.append(line)
-        if self.calls.on_log is not None:
-            self.calls.on_log(trainer=self.view, step=line["step"], metrics=line)
+        assert self._metrics is not None
+        self._metrics.append(line)
+        if self._calls.on_log is not None:
+            self._calls.on_log(trainer=self.view, step=line["step"], metrics=line)
 
     def _agree_final(self) -> None:
         failure, self._held = self._held, None
@@ -518,7 +531,7 @@ class Loop(TrainerBase):
     def _state_failure(self, exc: BaseException) -> BaseException:
         """A plugin's plain exception in ``state_dict`` (its traceback is logged), for the
         run's one line: named after the plugin, not left as the checkpoint's I/O."""
-        name = raised_by(exc, self.hook.state_dict)
+        name = raised_by(exc, self._hook.state_dict)
         if isinstance(exc, SlhubError) or name == "a plugin":
             return exc
         return PluginError(f"{name} failed in state_dict: {one_line(exc)}")
@@ -527,7 +540,7 @@ class Loop(TrainerBase):
         """This rank's ``state_dict`` hook contributions, every plugin's merged (the
         manager adds the registered objects' state)."""
         local: dict[str, Any] = {}
-        for part in self.calls.state_dict(trainer=self.view):
+        for part in self._calls.state_dict(trainer=self.view):
             for key, value in (part or {}).items():
                 if key in local:
                     raise PluginError(f"two plugins contribute checkpoint key {key!r}")
@@ -548,7 +561,7 @@ class Loop(TrainerBase):
                 "call collectives; call it from validate (rank 0) or at the same point on "
                 "every rank"
             )
-        return self.checkpoints.save(self._local_state, name)
+        return self._checkpoints.save(self._local_state, name)
 
 
 @dataclass(frozen=True)

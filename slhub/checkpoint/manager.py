@@ -83,7 +83,6 @@ class Owner(Protocol):
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: Any
-    hook: Any
     #: What hooks receive as ``trainer`` (:class:`slhub.view.TrainerView`).
     view: Any
     #: The moving average (:class:`slhub.ema.Ema`), or None without an ``ema`` section.
@@ -109,8 +108,12 @@ class Boundary:
 class CheckpointManager:
     """Cadence, rank-state gather, committed snapshot, writes and retention of one rank."""
 
-    def __init__(self, owner: Owner, config: TrainerConfig) -> None:
+    def __init__(
+        self, owner: Owner, config: TrainerConfig, load_state_hook: Callable[..., Any]
+    ) -> None:
         self._owner = owner
+        #: The plugins' ``load_state_dict`` hook, called with the rank's entry on load.
+        self._load_state_hook = load_state_hook
         self.config = config
         self.output_dir = Path(config.output_dir)
         self.retention = Retention()
@@ -121,7 +124,7 @@ class CheckpointManager:
         self._committed: list[dict[str, Any] | None] | None = None
         self._committed_step = -1
         #: True while rank 0 validates: ``save()`` then writes what was gathered.
-        self.in_validation = False
+        self._in_validation = False
         #: The stateful objects saved in each rank's entry besides the hooks' state.
         self.states = StateRegistry()
         #: The dataset differences a resume accepted (:meth:`load`), for the run identity.
@@ -190,11 +193,11 @@ class CheckpointManager:
         best: float | None = None
         if boundary.validate:
             try:
-                self.in_validation = True
+                self._in_validation = True
                 try:
                     metrics = validate(step)
                 finally:
-                    self.in_validation = False
+                    self._in_validation = False
                 if self.improves(step, metrics):
                     assert self.config.best is not None
                     best = metrics[self.config.best.metric]
@@ -306,7 +309,7 @@ class CheckpointManager:
         ``last.pt``. From ``validate`` (rank 0) it writes what the boundary gathered, rank
         0's own as it was before validation; anywhere else it gathers first (a
         collective). Returns the path on rank 0, None elsewhere."""
-        if not self.in_validation:
+        if not self._in_validation:
             error = self.gather(local_state)
             if error is not None:
                 raise error
@@ -384,7 +387,7 @@ class CheckpointManager:
             owner.ema.load(ckpt.ema.step, ckpt.ema.weights)
         owner.step = ckpt.step
         state = ckpt.rank_state(owner.rank)
-        hook = owner.hook.load_state_dict
+        hook = self._load_state_hook
         try:
             hook(trainer=owner.view, state=state)
         except SlhubError:

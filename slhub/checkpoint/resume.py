@@ -315,7 +315,7 @@ def _check_ema(ckpt: Checkpoint, path: Path, averaging: bool) -> None:
 def dataset_differences(ckpt: Checkpoint, current: dict[str, dict[str, Any]]) -> list[str]:
     """What differs between the datasets a checkpoint's run recorded and this run's, in
     words. A checkpoint written before runs recorded datasets is not compared."""
-    from slhub.data.identity import differences
+    from slhub.data.dataset_fingerprint import differences
 
     recorded = (ckpt.run or {}).get("datasets")
     if recorded is None:
