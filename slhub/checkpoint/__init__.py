@@ -7,7 +7,8 @@
   ``best.pt``), safe reads, atomic writes;
 - :mod:`~slhub.checkpoint.gather`: every rank's state to rank 0;
 - :mod:`~slhub.checkpoint.resume`: the resume plan, resolved once at admission;
-- :mod:`~slhub.checkpoint.manager`: cadence, committed snapshot, writes, retention.
+- :mod:`~slhub.checkpoint.manager`: cadence, committed snapshot, writes, retention;
+- :mod:`~slhub.checkpoint.summary`: a checkpoint described for people (``slhub inspect``).
 """
 
 from slhub.checkpoint.files import BEST, LAST, load, read_bytes, step_file
