@@ -26,7 +26,7 @@ import torch
 
 from slhub.builtin.nerd.data import window_offsets
 from slhub.builtin.nerd.loss import rollout_episodes
-from slhub.eval_command import prepared
+from slhub.evaluation import prepared
 
 
 def main(argv: list[str] | None = None) -> Any:

@@ -38,7 +38,7 @@ from slhub.recipe import load_recipe
 #: Public names imported on first use: name -> (module, name there).
 _LAZY = {
     "train": ("slhub.run", "train"),
-    "evaluate": ("slhub.eval_command", "run_eval"),
+    "evaluate": ("slhub.evaluation", "run_eval"),
     "distributed_run": ("slhub.distributed", "distributed_run"),
     "OptimSection": ("slhub.optim", "OptimSection"),
     "ScheduleSection": ("slhub.optim", "ScheduleSection"),

@@ -3,11 +3,12 @@
 Everything a user can get wrong (recipe, paths, checkpoints, plugins, exports)
 raises a subclass of :class:`SlhubError`; anything else is a bug and keeps its
 traceback. :func:`one_line` is the one way an exception becomes part of such a
-line.
+line, and :func:`write_final_line` the one way that line reaches stderr.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 #: What :func:`one_line` puts where it cut a message.
@@ -80,6 +81,14 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
     room = max(limit - len(CUT), 1)
     space = text.rfind(" ", 0, room + 1)
     return (text[:space] if space > 0 else text[:room]) + CUT
+
+
+def write_final_line(line: str) -> None:
+    """Write a command's last line to stderr in ONE write, flushed: torchrun workers
+    share that stream, and a line written apart from its newline can be glued to
+    another worker's line."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 #: How many characters of a user's value a message echoes (:func:`shown`).

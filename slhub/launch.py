@@ -41,7 +41,6 @@ import shutil
 import signal
 import socket
 import stat
-import sys
 import tempfile
 import threading
 import time
@@ -50,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from slhub.errors import SlhubError, one_line, shown
+from slhub.errors import SlhubError, one_line, shown, write_final_line
 
 #: The directory where workers of ``slhub launch`` leave their records.
 STATUS_ENV = "SLHUB_LAUNCH_STATUS"
@@ -170,20 +169,15 @@ def launch(
         # the train command's usage errors and --help, here once instead of on every worker
         train = parse(args.training_script_args)
     except SlhubError as exc:
-        _final_line(f"slhub: error: {exc}")
+        write_final_line(f"slhub: error: {exc}")
         return EXIT_USAGE
     except SystemExit as exc:  # --help (0), or a usage error already printed (2)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     outcome = _run(args, prefix, owns_process)
     line = outcome.final_line(train.log_format)
     if line:
-        _final_line(line)
+        write_final_line(line)
     return outcome.code
-
-
-def _final_line(line: str) -> None:
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
 
 
 #: torchrun's options that choose the program it runs: ``slhub train`` here.

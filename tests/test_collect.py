@@ -23,7 +23,7 @@ import collect_policies  # noqa: E402
 from helpers import REPO, subprocess_env  # noqa: E402
 from slhub.cli import main  # noqa: E402
 from slhub.data import open_dataset  # noqa: E402
-from slhub.data.command import check, info  # noqa: E402
+from slhub.data.inspection import check, info  # noqa: E402
 from slhub.sim import (  # noqa: E402
     FORMAT,
     SimulatorError,

@@ -228,7 +228,7 @@ def test_nerd_trains_from_every_format_and_resumes_exactly(tmp_path, name):
 
 def test_nerd_layout_follows_the_dataset_and_travels_in_the_export(tmp_path):
     from slhub.export import load
-    from slhub.export.command import run_export
+    from slhub.export.writer import run_export
 
     dataset = _copy("nerd_trajectories.hdf5", tmp_path)
     recipe = _nerd_recipe(

@@ -28,7 +28,7 @@ from helpers import REPO, metrics_of, subprocess_env, warm_launcher, write_recip
 from slhub import checkpoint, train
 from slhub.ema import Ema
 from slhub.errors import CheckpointError, RecipeError
-from slhub.export.command import run_export
+from slhub.export.writer import run_export
 from slhub.recipe import EmaSection, as_recipe, recipe_digest
 from slhub.testing import (
     StandInTrainer,

@@ -380,10 +380,10 @@ def test_a_missing_onnx_extra_is_one_line_naming_it(tmp_path, capsys, monkeypatc
 
 
 def test_an_export_without_an_onnx_form_is_refused(tmp_path, capsys, monkeypatch):
-    import slhub.export.command as command
+    import slhub.export.writer as writer
 
     ckpt = _checkpoint(_model(history=3), tmp_path)
-    monkeypatch.setattr(command, "load", lambda directory: object())
+    monkeypatch.setattr(writer, "load", lambda directory: object())
     out = tmp_path / "out"
     line = cli_error(capsys, "export", "--checkpoint", str(ckpt), "--out", str(out), "--onnx")
     assert "exports of kind 'nerd'" in line and "have no ONNX form" in line

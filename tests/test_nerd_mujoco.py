@@ -14,7 +14,7 @@ import torch
 import slhub
 from helpers import REPO, cli_error, warm_launcher
 from slhub.builtin.nerd.plugin import NerdPlugin
-from slhub.eval_command import run_eval
+from slhub.evaluation import run_eval
 from slhub.testing import check_resume_and_revalidate
 
 pytest.importorskip("mujoco")
@@ -195,7 +195,7 @@ def test_the_rollout_plot_draws_the_recorded_truth_and_the_models_rollout(
     assert np.array_equal(truth.get_ydata(), hinge)  # the recorded episode, as it is
     # the orange line is the exported model's rollout from the same history
     from slhub.export import load
-    from slhub.export.command import run_export
+    from slhub.export.writer import run_export
 
     run_export(trained / "last.pt", tmp_path / "export")
     predictor = load(tmp_path / "export")

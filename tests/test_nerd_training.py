@@ -24,7 +24,7 @@ from helpers import (
 from slhub import Trainer, checkpoint
 from slhub.builtin.nerd.plugin import NerdPlugin
 from slhub.export import load as load_export
-from slhub.export.command import run_export
+from slhub.export.writer import run_export
 from slhub.testing import StandInTrainer, build
 
 NERD = REPO / "examples" / "nerd" / "cartpole" / "sl.train.yaml"

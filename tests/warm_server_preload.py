@@ -13,7 +13,9 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import slhub  # noqa: E402
-import slhub.cli  # noqa: E402, F401
+import slhub.cli  # noqa: E402
+
+slhub.cli.build_parser()  # imports every command's module
 
 _RECIPE = Path(__file__).resolve().parents[1] / "examples" / "sl_ddp" / "cpu.yaml"
 

@@ -13,6 +13,7 @@
 - :mod:`~slhub.checkpoint.states`: the registry of stateful objects each rank saves;
 - :mod:`~slhub.checkpoint.manager`: load, cadence, the boundary (gather, validation,
   write), committed snapshot, retention.
+- :mod:`~slhub.checkpoint.summary`: a checkpoint described for people (``slhub inspect``).
 """
 
 from slhub.checkpoint.files import BEST, LAST, load, read_bytes, step_file

@@ -291,7 +291,7 @@ def test_the_command_line_eval_and_a_cropping_export(tmp_path, repo, pendulum, c
 
     import av
     from slhub.export import load
-    from slhub.export.command import run_export
+    from slhub.export.writer import run_export
 
     recipe = _recipe(tmp_path, repo, pendulum, "visual", bc=AUGMENTED)
     slhub.train(recipe, ["trainer.steps=3"])

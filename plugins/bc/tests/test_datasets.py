@@ -166,7 +166,7 @@ def test_the_export_carries_the_normalization_and_acts_as_the_checkpoint(
     tmp_path, repo, copy_dataset, name, observation
 ):
     from slhub.export import load
-    from slhub.export.command import run_export
+    from slhub.export.writer import run_export
 
     features = (STATE if observation == "state" else VISUAL)[name]
     dataset = copy_dataset(name)

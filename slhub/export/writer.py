@@ -1,4 +1,5 @@
-"""``slhub export --checkpoint CKPT --out DIR [--plugin NAME] [--onnx]``.
+"""A checkpoint written out for inference by a plugin's ``export`` hook: what
+``slhub export --checkpoint CKPT --out DIR [--plugin NAME] [--onnx]`` runs.
 
 The exporter is chosen among installed plugins, never by the file: a v2
 checkpoint records the name of the model plugin that wrote it, and only an

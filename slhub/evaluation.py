@@ -1,4 +1,4 @@
-"""``slhub eval --checkpoint CKPT [--env PREFIX:ENV ...] [--set KEY=VALUE]``.
+"""A checkpoint's model judged after training: ``slhub.evaluate`` and ``slhub eval``.
 
 Judges a trained model after training the way its run judged it: the checkpoint's
 model plugin is built from the recipe the checkpoint records, the weights the run
@@ -46,7 +46,7 @@ from pydantic import ValidationError
 
 from slhub import checkpoint, registry
 from slhub.errors import CheckpointError, DatasetError, RecipeError, SlhubError, one_line, shown
-from slhub.export.command import choose_exporter
+from slhub.export.writer import choose_exporter
 from slhub.hookspecs import Trainer
 from slhub.recipe import apply_overrides, format_validation_error
 from slhub.standalone import Standalone
@@ -388,9 +388,3 @@ def _same_datasets(
                 f"{path}: dataset {name} ({entry.get('path')}) changed since the run: "
                 f"{'; '.join(changed)}; evaluate other episodes with --set data.path=..."
             )
-
-
-def format_metrics(metrics: dict[str, float]) -> str:
-    """One ``name value`` line per metric, in the order the plugin reported them."""
-    width = max((len(name) for name in metrics), default=0)
-    return "\n".join(f"{name:<{width}}  {value:.6g}" for name, value in metrics.items())

@@ -1,4 +1,4 @@
-"""``slhub inspect CKPT``: a short description of a checkpoint for people.
+"""A short description of a checkpoint for people, which ``slhub inspect CKPT`` prints.
 
 It reads the checkpoint through :class:`slhub.checkpoint.Checkpoint` and the
 metrics history beside it; the recipe digest it prints is the one run.json
