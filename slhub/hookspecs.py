@@ -128,7 +128,9 @@ class Trainer(Protocol):
         """
 
     def register_state(self, name: str, obj: Any) -> None:
-        """Checkpoint ``obj`` on this rank under ``name``, from ``build_model``.
+        """Checkpoint ``obj`` on this rank under ``name``, from ``build_model`` (the
+        model plugin) or ``admit`` (any plugin: an object registered after the checkpoint
+        was loaded gets its state at once).
 
         ``obj`` has ``state_dict()`` and ``load_state_dict(state)`` (and optionally
         ``close()``). At every boundary its ``state_dict()`` is saved under ``name`` in

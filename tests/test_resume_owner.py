@@ -201,6 +201,32 @@ def test_a_registered_object_is_saved_in_its_ranks_entry_restored_and_closed(tmp
     assert checkpoint.load(tmp_path / "b" / "last.pt").ranks[0]["counter"] == {"count": 4}
 
 
+class CountsFromAdmit:
+    """An extra plugin (no build_model) registering its :class:`Counter` from ``admit``."""
+
+    def __init__(self) -> None:
+        self.counter = Counter()
+
+    @hookimpl
+    def admit(self, trainer: Any) -> None:
+        trainer.register_state("extra_counter", self.counter)
+
+    @hookimpl
+    def on_commit(self, trainer: Any, step: int) -> None:
+        self.counter.count += 1
+
+
+def test_an_extra_plugin_registering_from_admit_is_restored_at_once(tmp_path: Path):
+    recipe = _sl_recipe(tmp_path)
+    out = slhub.train(recipe, plugins=[CountsFromAdmit()])
+    assert checkpoint.load(out / "step_2.pt").ranks[0]["extra_counter"] == {"count": 2}
+    again = CountsFromAdmit()
+    slhub.train(recipe, [f"trainer.output_dir={tmp_path / 'b'}"], resume=out / "step_2.pt",
+                plugins=[again])  # fmt: skip
+    assert again.counter.loaded == {"count": 2} and again.counter.count == 4
+    assert again.counter.closed == 1
+
+
 @pytest.mark.parametrize(
     ("plugin", "key"),
     [

@@ -4,7 +4,8 @@ Anything with ``state_dict()`` and ``load_state_dict(state)`` is registered once
 a key (``Trainer.register_state``; the loop registers ``rng``, ``sampler`` and
 ``buffers`` itself). At every boundary its state is gathered under that key in the
 rank's entry of the checkpoint (``ranks[r][key]``), beside the ``state_dict`` hooks'
-contributions, and on resume it gets that entry back. A ``state_dict()`` that returns
+contributions, and on resume it gets that entry back (when it registers after the
+checkpoint was loaded, from ``admit``, at once). A ``state_dict()`` that returns
 None contributes no key (nothing to save now: a stream that decodes nothing ahead).
 An object with ``close()`` is closed when the run ends, however it ends.
 """
@@ -34,6 +35,9 @@ class StateRegistry:
     def __init__(self) -> None:
         self._objects: dict[str, Any] = {}
         self._closed = False
+        #: The rank's entry of the checkpoint loaded, with its update and rank: an object
+        #: registered later (an extra plugin's, from ``admit``) is restored from it at once.
+        self._loaded: tuple[dict[str, Any], int, int] | None = None
 
     def register(self, key: str, obj: Any) -> None:
         """Keep ``obj`` under ``key``.
@@ -52,6 +56,10 @@ class StateRegistry:
                 "load_state_dict(state)"
             )
         self._objects[key] = obj
+        if self._loaded is not None:
+            state, step, rank = self._loaded
+            if key in state:
+                self._restore(key, obj, state[key], step, rank)
 
     def __contains__(self, key: object) -> bool:
         return key in self._objects
@@ -83,21 +91,26 @@ class StateRegistry:
 
     def load(self, state: dict[str, Any], step: int, rank: int) -> None:
         """Give every registered object its entry of a rank's ``state`` (an object whose
-        key the checkpoint lacks keeps its fresh state)."""
+        key the checkpoint lacks keeps its fresh state); objects registered afterwards
+        get theirs when they register."""
+        self._loaded = (state, step, rank)
         for key, obj in self._objects.items():
-            if key not in state:
-                continue
-            try:
-                obj.load_state_dict(state[key])
-            except SlhubError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - its traceback, then one line
-                log.failure(f"load_state_dict of {key!r} failed", exc)
-                raise PluginError(
-                    f"checkpoint state {key!r} failed to load from the checkpoint of update "
-                    f"{step} on rank {rank} (load_state_dict: {one_line(exc)}); its traceback "
-                    "is in that rank's log"
-                ) from None
+            if key in state:
+                self._restore(key, obj, state[key], step, rank)
+
+    @staticmethod
+    def _restore(key: str, obj: Any, state: Any, step: int, rank: int) -> None:
+        try:
+            obj.load_state_dict(state)
+        except SlhubError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - its traceback, then one line
+            log.failure(f"load_state_dict of {key!r} failed", exc)
+            raise PluginError(
+                f"checkpoint state {key!r} failed to load from the checkpoint of update "
+                f"{step} on rank {rank} (load_state_dict: {one_line(exc)}); its traceback "
+                "is in that rank's log"
+            ) from None
 
     def close(self) -> None:
         """Close every registered object that has ``close()``, once; a failure is logged
