@@ -31,11 +31,9 @@ pytestmark = pytest.mark.slow
 PACKAGES = {"rwm": "slhub-rwm", "rigidformer": "slhub-rigidformer", "bc": "slhub-bc"}
 #: The hooks `slhub plugins` lists for each package.
 HOOKS = {
-    "rwm": ["build_model", "export", "load_state_dict", "objective", "recipe_sections", "sample",
-            "state_dict", "validate"],
+    "rwm": ["build_model", "export", "objective", "recipe_sections", "sample", "validate"],
     "rigidformer": ["build_model", "objective", "recipe_sections", "sample", "validate"],
-    "bc": ["build_model", "export", "load_state_dict", "objective", "recipe_sections", "sample",
-           "state_dict", "validate"],
+    "bc": ["build_model", "export", "objective", "recipe_sections", "sample", "validate"],
 }  # fmt: skip
 IGNORE = shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__", ".pytest_cache")
 
