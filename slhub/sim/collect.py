@@ -133,6 +133,7 @@ def collect(
                 "sim_state": "mujoco mj_getState(mjSTATE_INTEGRATION)",
                 "through_termination": bool(through_termination),
                 "versions": dict(simulator.versions),
+                "floating_base": floating_base(simulator),
             }
             write_store(dataset, destination, provenance=provenance)
     finally:
@@ -212,6 +213,20 @@ def _names(simulator: Simulator, episode: dict[str, np.ndarray]) -> dict[str, tu
     if simulator.contact_names is not None:
         names["contact"] = simulator.contact_names
     return {key: value for key, value in names.items() if key in episode}
+
+
+def floating_base(simulator: Simulator) -> dict[str, str] | None:
+    """The robot's floating base as ``meta.json`` records it: the first free joint (a
+    robot's root comes first in MuJoCo's joint order) and the features holding its
+    ``qpos`` and ``qvel`` components, so a learned simulator can express each step in
+    the base's frame without a recipe naming it; None without a free joint."""
+    qpos, qvel = set(simulator.qpos_names), set(simulator.qvel_names)
+    for joint in simulator.joint_names:
+        if all(f"{joint}_{c}" in qpos for c in ("x", "y", "z", "qw", "qx", "qy", "qz")) and all(
+            f"{joint}_{c}" in qvel for c in ("vx", "vy", "vz", "wx", "wy", "wz")
+        ):
+            return {"joint": joint, "qpos": "qpos", "qvel": "qvel"}
+    return None
 
 
 def _check_int(name: str, value: Any, low: int) -> None:

@@ -7,7 +7,8 @@ cart-pole generator is one way to *make* such a dataset: without ``data.path``
 its episodes are written once into slhub's store under ``data.cache_dir``.
 
 The plugin, its evaluation and the tests all cut episodes into the same windows
-of ``history`` tokens, so the windowing lives here once.
+of ``history`` tokens, so the windowing lives here once, and so does the choice of
+the floating base (:func:`base_of`) and the frame targets are expressed in.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import numpy as np
 import torch
 
 from slhub import DatasetError
+from slhub.builtin.nerd.base import FloatingBase, free_joint_base
+from slhub.builtin.nerd.frame import BaseFrame
 from slhub.builtin.nerd.model import NerdLayout
 from slhub.builtin.nerd.sections import ANGLE_FEATURE, ModelSection, NerdDataSection
 from slhub.data import Role, TrainingData, wrap_angle
@@ -33,6 +36,9 @@ ROLES = {
 STATISTICS = ("token_mean", "token_std", "delta_mean", "delta_std")
 #: The smallest standard deviation used to normalize (a constant feature stays finite).
 STD_FLOOR = 1e-6
+#: Where ``slhub data collect`` records a robot's free joint in the store's ``meta.json``
+#: (under ``source``): ``{"joint": ..., "qpos": ..., "qvel": ...}`` (feature names).
+BASE_KEY = "floating_base"
 
 
 def open_data(cfg: NerdDataSection, trainer: Any = None) -> TrainingData:
@@ -42,12 +48,19 @@ def open_data(cfg: NerdDataSection, trainer: Any = None) -> TrainingData:
 
 
 def layout_of(data: TrainingData, model_cfg: ModelSection, robot: str = "") -> NerdLayout:
-    """The model's feature layout: the roles' component names and the angles."""
+    """The model's feature layout: the roles' component names, the angles, the floating
+    base (:func:`base_of`) and the frame (``model.frame``; default body with a base)."""
     state = data.layouts["state"].names
     angles = model_cfg.angles
     if angles is None:
         angles = [ANGLE_FEATURE] if state == cartpole.STATE_NAMES else []
     extra = data.layouts["extra"].names if "extra" in data.layouts else ()
+    base = base_of(data, model_cfg)
+    frame = model_cfg.frame or ("body" if base is not None else "world")
+    if frame == "body" and base is None:
+        raise DatasetError(
+            "model.frame: body needs a floating base: name its free joint in model.base"
+        )
     try:
         return NerdLayout.from_names(
             state,
@@ -56,9 +69,65 @@ def layout_of(data: TrainingData, model_cfg: ModelSection, robot: str = "") -> N
             angles,
             model_cfg.angle_features,
             robot,
+            base,
+            frame,
         )
     except ValueError as exc:
         raise DatasetError(f"model.angles: {exc}") from None
+
+
+def base_of(data: TrainingData, model_cfg: ModelSection) -> FloatingBase | None:
+    """The robot's floating base among the state components: the free joint
+    ``model.base`` names, else the one ``slhub data collect`` recorded, else none.
+
+    :raises DatasetError: ``model.base`` names a joint whose components the state lacks;
+        or the state holds quaternion components (``*_qw``) of a base no one named
+        and ``model.frame`` is not ``world``.
+    """
+    state = data.layouts["state"].names
+    if model_cfg.base is not None:
+        base = find_free_joint(model_cfg.base, state)
+        if base is None:
+            wanted = free_joint_base(model_cfg.base).names
+            raise DatasetError(
+                f"model.base: the state lacks free joint {model_cfg.base!r}'s components "
+                f"({', '.join(wanted)}; the state has: {', '.join(state)})"
+            )
+        return base
+    recorded = getattr(data.dataset, "source", None)
+    recorded = recorded.get(BASE_KEY) if isinstance(recorded, dict) else None
+    if isinstance(recorded, dict) and isinstance(recorded.get("joint"), str):
+        base = find_free_joint(
+            recorded["joint"], state, recorded.get("qpos", "qpos"), recorded.get("qvel", "qvel")
+        )
+        if base is not None:
+            return base
+    quaternions = [name for name in state if name.endswith("_qw")]
+    if quaternions and model_cfg.frame != "world":
+        raise DatasetError(
+            f"model.base: the state holds quaternion components ({', '.join(quaternions)}) "
+            "and the dataset records no floating base: name the free joint in model.base "
+            "(e.g. root), or set model.frame: world"
+        )
+    return None
+
+
+def find_free_joint(
+    joint: str, state_names: tuple[str, ...], qpos: str = "qpos", qvel: str = "qvel"
+) -> FloatingBase | None:
+    """Free joint ``joint``'s components among ``state_names``, named as the state role
+    names them (``qpos.root_x`` when qpos and qvel share component names, else
+    ``root_x``), or None when any is missing."""
+    prefixed = free_joint_base(joint, qpos, qvel)
+    bare = FloatingBase(*(tuple(n.split(".", 1)[1] for n in part) for part in _parts(prefixed)))
+    for base in (prefixed, bare):
+        if all(name in state_names for name in base.names):
+            return base
+    return None
+
+
+def _parts(base: FloatingBase) -> tuple[tuple[str, ...], ...]:
+    return base.position, base.orientation, base.linear_velocity, base.angular_velocity
 
 
 def offsets(history: int, reach: int = 1) -> dict[str, range]:
@@ -79,21 +148,104 @@ def tokens_of(
     window: dict[str, np.ndarray], layout: NerdLayout, history: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Tokens ``[B, history, features]`` and raw state changes ``[B, history, S]``
-    (float64) of windows read at :func:`offsets`; angle changes are wrapped."""
+    (float64) of windows read at :func:`offsets`; angle changes are wrapped. Tokens
+    are in world coordinates (the model converts them); a body-frame layout's changes
+    are in the base frame of the step each starts from (:meth:`BaseFrame.to_body`)."""
     states = window["state"]
     parts = [states[:, :history], window["action"][:, :history]]
     if layout.extra_names:
         parts.append(window["extra"][:, :history])
-    delta = np.diff(states[:, : history + 1], axis=1)
+    if layout.body:
+        delta = body_changes(np.asarray(states[:, : history + 1], dtype=np.float64), layout)
+    else:
+        delta = np.diff(states[:, : history + 1], axis=1)
     if layout.angles:
         columns = list(layout.angles)
         delta[..., columns] = wrap_angle(delta[..., columns])
     return np.concatenate(parts, axis=-1), delta
 
 
+def body_frame(layout: NerdLayout) -> BaseFrame:
+    assert layout.base is not None
+    return BaseFrame(layout.base.indices(layout.state_names), len(layout.state_names))
+
+
+def body_changes(states: np.ndarray, layout: NerdLayout) -> np.ndarray:
+    """Each step's change to the next ``[..., T - 1, S]`` in the base frame of the step
+    it starts from, of float64 world states ``[..., T, S]``."""
+    frame = body_frame(layout)
+    with torch.no_grad():
+        values = torch.from_numpy(states)
+        return frame.to_body(values[..., :-1, :], values[..., 1:, :]).numpy()
+
+
 def normalization(data: TrainingData, layout: NerdLayout) -> tuple[torch.Tensor, ...]:
     """The inputs' (state, action, extra) and the state change's mean and std
     (:meth:`slhub.data.TrainingData.delta_normalization`), std floored at
-    :data:`STD_FLOOR`."""
+    :data:`STD_FLOOR`; for a body-frame layout, of the state and its change in the
+    base frame and of gravity's direction in it (:func:`body_statistics`)."""
     roles = ["state", "action"] + (["extra"] if layout.extra_names else [])
-    return data.delta_normalization(roles, layout.angles, STD_FLOOR)
+    out = data.delta_normalization(roles, layout.angles, STD_FLOOR)
+    if not layout.body:
+        return out
+    state, change, gravity = body_statistics(data, layout)
+    size = len(layout.state_names)
+    mean, std = out[0].clone(), out[1].clone()
+    mean[:size] = torch.from_numpy(state["mean"])
+    std[:size] = torch.from_numpy(np.maximum(state["std"], STD_FLOOR))
+    return (
+        mean,
+        std,
+        *(torch.from_numpy(a) for a in _floored(change)),
+        *(torch.from_numpy(a) for a in _floored(gravity)),
+    )
+
+
+def _floored(stats: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    return stats["mean"], np.maximum(stats["std"], STD_FLOOR)
+
+
+def body_statistics(data: TrainingData, layout: NerdLayout) -> tuple[dict[str, np.ndarray], ...]:
+    """Mean and std (float64) over the training episodes of the state as a body-frame
+    model sees it, of its change in the base frame and of gravity's direction in that
+    frame (one pass, cached)."""
+    assert layout.base is not None
+    frame = body_frame(layout)
+    features = data.layouts["state"].features
+    columns = list(layout.angles)
+
+    def compute() -> dict[str, np.ndarray]:
+        sums = {"state": 0.0, "change": 0.0, "gravity": 0.0}
+        squares = {"state": 0.0, "change": 0.0, "gravity": 0.0}
+        counts = {"state": 0, "change": 0, "gravity": 0}
+        for episode in data.split.train:
+            length = int(data.dataset.lengths[episode])
+            parts = [
+                np.asarray(data.dataset.read(name, episode, 0, length), dtype=np.float64)
+                for name in features
+            ]
+            states = np.concatenate([p.reshape(length, -1) for p in parts], axis=-1)
+            with torch.no_grad():
+                values = torch.from_numpy(states)
+                body, gravity = (t.numpy() for t in frame.inputs(values))
+                change = frame.to_body(values[:-1], values[1:]).numpy()
+            if columns:
+                change[:, columns] = wrap_angle(change[:, columns])
+            for key, value in (("state", body), ("change", change), ("gravity", gravity)):
+                sums[key] = sums[key] + value.sum(0)
+                squares[key] = squares[key] + np.square(value).sum(0)
+                counts[key] += len(value)
+        if counts["change"] == 0:
+            raise DatasetError(f"{data.dataset.path}: no training episode has two steps")
+        out = {}
+        for key in sums:
+            mean = sums[key] / counts[key]
+            out[f"{key}_mean"] = mean
+            out[f"{key}_std"] = np.sqrt(np.maximum(squares[key] / counts[key] - mean**2, 0.0))
+        return out
+
+    params = {"features": list(features), "angles": columns, "base": layout.base.to_dict()}
+    parts = ("state", "change", "gravity")
+    names = [f"{part}_{stat}" for part in parts for stat in ("mean", "std")]
+    found = data.cached("nerd_body_frame", params, names, compute)
+    return tuple({"mean": found[f"{p}_mean"], "std": found[f"{p}_std"]} for p in parts)

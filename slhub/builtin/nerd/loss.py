@@ -23,7 +23,8 @@ def loss_mask(arch: NerdArch, layout: NerdLayout, cfg: LossSection) -> torch.Ten
     """``[history, state_dim]`` float mask of supervised (position, component) pairs.
 
     A non-causal model sees the future inside its window, so only its last
-    position is supervised.
+    position is supervised. A body-frame model predicts its orientation change as a
+    rotation vector in the ``qx qy qz`` slots, so its ``qw`` slot is never supervised.
 
     :raises DatasetError: ``loss.features`` names a component the state lacks.
     """
@@ -38,6 +39,8 @@ def loss_mask(arch: NerdArch, layout: NerdLayout, cfg: LossSection) -> torch.Ten
         )
     mask[:, [names.index(name) for name in chosen]] = 1.0
     mask[: cfg.skip_first] = 0.0
+    if layout.body and layout.base is not None:
+        mask[:, names.index(layout.base.orientation[0])] = 0.0
     if not arch.causal:
         mask[:-1] = 0.0
     return mask

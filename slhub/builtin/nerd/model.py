@@ -25,6 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from slhub import one_line
+from slhub.builtin.nerd.base import FloatingBase
+from slhub.builtin.nerd.frame import BaseFrame
 from slhub.data import json_buffer, read_json_buffer, wrap_angle
 from slhub.sim import cartpole
 
@@ -35,6 +37,11 @@ ARCH_VERSION = 2
 ARCH_KEY = "nerd_arch"
 LAYOUT_KEY = "nerd_layout"
 STAT_KEYS = ("input_mean", "input_std", "target_mean", "target_std")
+#: A body-frame model's statistics of gravity's direction in the base frame (its own
+#: inputs after the token's): only its state dict has them.
+GRAVITY_KEYS = ("gravity_mean", "gravity_std")
+#: Frames a layout model learns in (:mod:`slhub.builtin.nerd.frame`).
+FRAMES = ("world", "body")
 #: ``feature_set`` of a model whose names travel in its ``nerd_layout`` buffer.
 LAYOUT_FEATURE_SET = 0
 
@@ -177,6 +184,11 @@ class NerdLayout:
     sin/cos when ``angle_features``). It travels in the model as ``nerd_layout``.
 
     :param robot: free text naming the robot or dataset (``gymnasium:Hopper-v5``).
+    :param base: the state components of the robot's floating base, if it has one.
+    :param frame: ``body``: inputs and targets in the base frame of each step
+        (:mod:`slhub.builtin.nerd.frame`); ``world``: every component as recorded.
+        Written to ``nerd_layout`` only with a base, so a layout without one reads
+        back as the world frame.
     """
 
     state_names: tuple[str, ...]
@@ -185,6 +197,8 @@ class NerdLayout:
     angles: tuple[int, ...] = ()
     angle_features: bool = True
     robot: str = ""
+    base: FloatingBase | None = None
+    frame: str = "world"
 
     def __post_init__(self) -> None:
         for key in ("state_names", "action_names", "extra_names", "angles"):
@@ -194,6 +208,16 @@ class NerdLayout:
             raise ValueError(f"NeRD feature names repeat: {list(names)}")
         if any(not 0 <= a < len(self.state_names) for a in self.angles):
             raise ValueError(f"NeRD angle indices {list(self.angles)} are out of range")
+        if self.frame not in FRAMES:
+            raise ValueError(f"NeRD frame {self.frame!r} is not one of {', '.join(FRAMES)}")
+        if self.base is None:
+            if self.frame != "world":
+                raise ValueError("a body-frame NeRD layout needs its floating base")
+            return
+        self.base.indices(self.state_names)
+        wrapped = set(self.base.names) & set(self.angle_names)
+        if wrapped:
+            raise ValueError(f"the floating base's components {sorted(wrapped)} are not angles")
 
     @classmethod
     def compiled(cls, arch: NerdArch) -> NerdLayout:
@@ -211,6 +235,8 @@ class NerdLayout:
         angles: Sequence[str] = (),
         angle_features: bool = True,
         robot: str = "",
+        base: FloatingBase | None = None,
+        frame: str = "world",
     ) -> NerdLayout:
         """A layout whose ``angles`` are given by name (each a state component)."""
         missing = [a for a in angles if a not in state_names]
@@ -222,7 +248,7 @@ class NerdLayout:
         indices = tuple(sorted(list(state_names).index(a) for a in angles))
         return cls(
             tuple(state_names), tuple(action_names), tuple(extra_names), indices,
-            angle_features, robot,
+            angle_features, robot, base, frame,
         )  # fmt: skip
 
     @property
@@ -239,14 +265,25 @@ class NerdLayout:
     def angle_names(self) -> tuple[str, ...]:
         return tuple(self.state_names[i] for i in self.angles)
 
+    @property
+    def body(self) -> bool:
+        """Whether inputs and targets are in the base frame of each step."""
+        return self.frame == "body"
+
     def to_dict(self) -> dict[str, object]:
         out: dict[str, object] = asdict(self)
         out["angles"] = list(self.angle_names)
+        out.pop("base")
+        out.pop("frame")
+        if self.base is not None:
+            out["base"] = self.base.to_dict()
+            out["frame"] = self.frame
         return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> NerdLayout:
         try:
+            base = data.get("base")
             return cls.from_names(
                 [str(n) for n in data["state_names"]],  # type: ignore[union-attr]
                 [str(n) for n in data["action_names"]],  # type: ignore[union-attr]
@@ -254,6 +291,8 @@ class NerdLayout:
                 [str(n) for n in data.get("angles", [])],  # type: ignore[union-attr]
                 bool(data.get("angle_features", True)),
                 str(data.get("robot", "")),
+                None if base is None else FloatingBase.from_dict(base),  # type: ignore[arg-type]
+                str(data.get("frame", "world")),
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"nerd_layout is damaged ({one_line(exc)})") from None
@@ -330,7 +369,15 @@ class NerdModel(nn.Module):
         mask = torch.zeros(arch.state_dim, dtype=torch.bool).index_fill_(0, angles, True)
         self.register_buffer("angle_mask", mask, persistent=False)
         sincos = 2 * len(layout.angles) if layout.angle_features else 0
-        self.embed = nn.Linear(features + sincos, arch.width)
+        self.frame: BaseFrame | None = None
+        if layout.body:
+            assert layout.base is not None
+            self.frame = BaseFrame(layout.base.indices(layout.state_names), arch.state_dim)
+        gravity = 3 if self.frame is not None else 0
+        if gravity:
+            self.register_buffer(GRAVITY_KEYS[0], torch.zeros(gravity))
+            self.register_buffer(GRAVITY_KEYS[1], torch.ones(gravity))
+        self.embed = nn.Linear(features + sincos + gravity, arch.width)
         self.position = nn.Parameter(torch.randn(arch.history, arch.width) * 0.02)
         self.blocks = nn.ModuleList(
             _Block(arch.width, arch.heads, arch.mlp_hidden, bool(arch.causal))
@@ -375,18 +422,23 @@ class NerdModel(nn.Module):
         input_std: torch.Tensor,
         target_mean: torch.Tensor,
         target_std: torch.Tensor,
+        *gravity: torch.Tensor,
     ) -> None:
-        """Store training-set statistics (cast to the buffers' dtype); identity when disabled."""
+        """Store training-set statistics (cast to the buffers' dtype); identity when disabled.
+
+        :param gravity: a body-frame model's gravity mean and std (in its base frame).
+        """
         if not self.arch.normalize:
             return
-        for name, value in zip(
-            STAT_KEYS, (input_mean, input_std, target_mean, target_std), strict=True
-        ):
+        keys = STAT_KEYS + (GRAVITY_KEYS if gravity else ())
+        values = (input_mean, input_std, target_mean, target_std, *gravity)
+        for name, value in zip(keys, values, strict=True):
             buffer = getattr(self, name)
             buffer.copy_(value.to(device=buffer.device, dtype=buffer.dtype))
 
     def normalize_target(self, delta: torch.Tensor) -> torch.Tensor:
-        """A raw state change in units of the training-set statistics."""
+        """A raw state change (:func:`~slhub.builtin.nerd.data.tokens_of`'s, in the
+        model's frame) in units of the training-set statistics."""
         return (delta - self.target_mean) / self.target_std
 
     # ---------------------------------------------------------------- network
@@ -394,28 +446,41 @@ class NerdModel(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Normalized state change predicted at every position.
 
+        A body-frame model converts the (world) tokens into each step's base frame
+        first, appends gravity's direction in it, and predicts the change in the
+        base frame of the step it starts from (:mod:`slhub.builtin.nerd.frame`).
+
         :param tokens: ``[batch, length, state_dim + action_dim]`` with ``length <= history``.
         :returns: ``[batch, length, state_dim]``.
         """
         length = tokens.shape[1]
+        gravity = None
+        if self.frame is not None:
+            tokens, gravity = self.frame.inputs(tokens)
         x = (tokens - self.input_mean) / self.input_std
         if self.layout.angle_features and self.layout.angles:
             angle = tokens.index_select(-1, self.angle_columns)
             x = torch.cat([x, torch.sin(angle), torch.cos(angle)], dim=-1)
+        if gravity is not None:
+            x = torch.cat([x, (gravity - self.gravity_mean) / self.gravity_std], dim=-1)
         h = self.embed(x) + self.position[:length]
         for block in self.blocks:
             h = block(h)
         return self.head(self.norm(h))
 
     def predict_delta(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Raw change from the last state of ``tokens`` to the next: ``[batch, state_dim]``."""
+        """Raw change from the last state of ``tokens`` to the next: ``[batch, state_dim]``
+        (in the last state's base frame for a body-frame model)."""
         normalized = self.forward(tokens)[:, -1]
         return normalized * self.target_std + self.target_mean
 
     def next_state(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The state after the last token: ``[batch, state_dim]`` (angles wrapped)."""
-        state = tokens[:, -1, : self.arch.state_dim] + self.predict_delta(tokens)
-        return self.wrap(state)
+        """The state after the last token: ``[batch, state_dim]`` (world coordinates,
+        angles wrapped, a floating base's quaternion a unit one in the body frame)."""
+        last = tokens[:, -1, : self.arch.state_dim]
+        if self.frame is not None:
+            return self.wrap(self.frame.to_world(last, self.predict_delta(tokens)))
+        return self.wrap(last + self.predict_delta(tokens))
 
     def wrap(self, state: torch.Tensor) -> torch.Tensor:
         """``state`` (or a state difference) with its angle components wrapped."""

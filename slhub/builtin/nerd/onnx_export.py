@@ -2,7 +2,9 @@
 
 The graph is the predictor's call: input ``tokens`` ``[batch, length, features]``
 (``export.json``'s ``input_names`` on the last axis), output ``next_state``
-``[batch, state_dim]`` with the angles wrapped, normalization inside. Batch is
+``[batch, state_dim]`` with the angles wrapped, normalization inside (and, for a
+body-frame model, the conversions into the base's frame and back to world
+coordinates, :mod:`slhub.builtin.nerd.frame`, in plain ONNX arithmetic). Batch is
 dynamic, and so is the history length of a causal model (1..history; a
 non-causal one takes exactly ``history`` tokens). A runtime with no slhub steps
 it by feeding the last ``history`` tokens, as :class:`NerdSimulator` does.

@@ -55,7 +55,12 @@ def write_export(model: NerdModel, out_dir: Path, provenance: dict[str, Any]) ->
         "action_names": list(layout.action_names),
         "extra_names": list(layout.extra_names),
         "output_names": list(layout.output_names),
-        "output": "next state; the angle components are wrapped to [-pi, pi)",
+        "output": "next state; the angle components are wrapped to [-pi, pi)"
+        + (
+            "; world coordinates, learned in the floating base's frame (its quaternion a unit one)"
+            if layout.body
+            else ""
+        ),
         "normalization": {
             "enabled": bool(arch.normalize),
             **{key: [float(v) for v in tensors[key].double().tolist()] for key in STAT_KEYS},

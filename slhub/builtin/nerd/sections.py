@@ -5,8 +5,9 @@ it changes; cross-section checks that need more than one section (window
 lengths against horizons) are made in ``build_model``.
 
 - ``model``: history window, sizes, causal attention, normalization, which
-  state components are angles (and whether they are also fed as sin/cos) and
-  the precision the model is built, trained and exported in.
+  state components are angles (and whether they are also fed as sin/cos), the
+  floating base and the frame it learns in, and the precision the model is
+  built, trained and exported in.
 - ``data``: slhub's one ``data:`` shape (:class:`slhub.data.DatasetSection`: path,
   format, split, window, features with the roles ``state``, ``action`` and
   ``extra``); without a ``path``, the cart-pole generator's cache directory and
@@ -48,6 +49,17 @@ class ModelSection(BaseModel):
         "theta for the cart-pole, none for a dataset",
     )
     angle_features: bool = True
+    base: str | None = Field(
+        default=None,
+        min_length=1,
+        description="the free joint that is the robot's floating base (root); default: "
+        "the one slhub data collect recorded in the dataset, else none",
+    )
+    frame: Literal["body", "world"] | None = Field(
+        default=None,
+        description="body: each step in its base's frame; world: as recorded; default: "
+        "body where a base exists, else world",
+    )
     precision: Literal["float32", "float64", "bfloat16"] = "float32"
 
     @model_validator(mode="after")
