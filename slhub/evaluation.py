@@ -52,7 +52,7 @@ from slhub.recipe import apply_overrides, format_validation_error
 from slhub.standalone import Standalone
 
 #: ``--actions``: how fresh episodes' actions are drawn (:mod:`slhub.sim.actions`).
-ACTIONS = ("uniform", "smooth")
+ACTIONS = ("uniform", "smooth", "zero")
 
 
 @dataclass

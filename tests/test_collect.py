@@ -246,6 +246,17 @@ def test_random_actions_stay_in_the_ctrlrange_and_smooth_ones_are_piecewise_line
     assert np.allclose(second, 0.0, atol=1e-12) and not np.allclose(actions[0], actions[9])
 
 
+def test_zero_actions_give_passive_motion(tmp_path: Path, capsys):
+    argv = ["--env", HOPPER, "--episodes", "2", "--steps", "15", "--seed", "0"]
+    assert main(["data", "collect", str(tmp_path / "z"), *argv, "--actions", "zero"]) == 0
+    dataset = open_dataset(tmp_path / "z")
+    assert dataset.source["actions"] == "zero"
+    for e in range(2):
+        episode = dataset.episode(e)
+        assert episode["action"].shape[1] == 3 and (episode["action"] == 0.0).all()
+        assert not np.array_equal(episode["qpos"][0], episode["qpos"][-1])  # it still moves
+
+
 # ------------------------------------------------------------------ rendering
 
 

@@ -160,6 +160,40 @@ def test_the_example_recipe_holds_docs_claims_on_every_measure(tmp_path: Path):
     assert pole < 2 * metrics["baseline_pole_angle_mse_100"], metrics
 
 
+def test_ant_passive_motion_reports_nerds_measures(tmp_path: Path, capsys):
+    """Ant-v5's free base: a tiny run on passive-motion episodes (``--actions zero``) logs
+    base position, base orientation and joint position errors for the model and both
+    baselines, and ``slhub eval`` on fresh passive episodes prints them."""
+    from slhub import cli
+    from slhub.sim import collect
+
+    data = tmp_path / "episodes"
+    collect(data, "gymnasium:Ant-v5", episodes=4, steps=30, actions="zero", seed=0,
+            through_termination=True)  # fmt: skip
+    run = tmp_path / "run"
+    slhub.train(
+        REPO / "examples" / "nerd" / "ant" / "sl.train.yaml",
+        ["model.width=16", "model.layers=1", "model.heads=2", "model.mlp_hidden=32",
+         "model.history=4", "validation.horizons=[2, 20]", "trainer.batch_size=8",
+         "trainer.device=cpu", "data.split.validation_ratio=0.5", "trainer.steps=2",
+         "trainer.validate_every=2", "trainer.save_every=2", f"data.path={data}",
+         f"trainer.output_dir={run}"],
+    )  # fmt: skip
+    measures = [
+        f"{kind}_{name}_{k}"
+        for kind in ("rollout", "baseline", "linear")
+        for name in ("base_position", "base_orientation", "joint_position")
+        for k in (2, 20)
+    ]
+    logged = _last_validation(run)
+    assert all(name in logged and logged[name] >= 0 for name in measures), logged
+    argv = ["eval", "--checkpoint", str(run / "last.pt"), "--env", "gymnasium:Ant-v5",
+            "--actions", "zero", "--episodes", "2", "--steps", "30"]  # fmt: skip
+    assert cli.main(argv) == 0
+    printed = {line.split()[0] for line in capsys.readouterr().out.splitlines() if line.strip()}
+    assert set(measures) <= printed
+
+
 @pytest.mark.slow
 def test_nerd_on_two_gloo_workers_beats_both_baselines_and_resumes_exactly(
     pendulum: Path, tmp_path: Path

@@ -107,10 +107,10 @@ def _add_collect(actions: Any) -> None:
     )
     collect.add_argument(
         "--actions",
-        choices=("uniform", "smooth", "policy"),
+        choices=("uniform", "smooth", "zero", "policy"),
         default="uniform",
         help="uniform in the ctrlrange; smooth: piecewise-linear between random knots; "
-        "policy: --policy (default: uniform)",
+        "zero: every control 0 (passive motion); policy: --policy (default: uniform)",
     )
     collect.add_argument(
         "--policy",

@@ -56,7 +56,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     evaluate.add_argument("--seed", type=int, default=1000, help="with --env, >= 0 (default 1000)")
     evaluate.add_argument(
-        "--actions", choices=("uniform", "smooth"), default="smooth", help="with --env"
+        "--actions",
+        choices=("uniform", "smooth", "zero"),
+        default="smooth",
+        help="with --env, the collected episodes' actions (zero: passive motion)",
     )
     evaluate.add_argument(
         "--video",

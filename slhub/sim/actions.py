@@ -1,4 +1,5 @@
-"""Where a collected episode's actions come from: ``uniform``, ``smooth`` or a ``policy``.
+"""Where a collected episode's actions come from: ``uniform``, ``smooth``, ``zero`` or a
+``policy``.
 
 Every source draws only from the episode's own ``numpy.random.Generator``, so an
 episode is a pure function of the seed it was given.
@@ -7,6 +8,9 @@ episode is a pure function of the seed it was given.
 - ``smooth``: piecewise-linear between knots drawn uniformly in the ``ctrlrange``
   every :data:`KNOT_EVERY` steps (exploration with a time structure a model can
   learn; linear interpolation never leaves the range).
+- ``zero``: every control 0, every step: passive motion (the robot moves under
+  gravity, contacts and its initial velocity alone), what NeRD's passive motion
+  evaluation rolls out; it needs no ``ctrlrange``.
 - ``policy``: ``module:function`` called as ``function(observation, simulator)``,
   returning the action. With ``noise`` > 0 a Gaussian of that standard deviation is
   added (DART: the data visits states near the policy's, and the clean action is
@@ -27,7 +31,7 @@ from slhub.errors import SimulatorError, one_line
 from slhub.sim.simulator import Simulator
 
 #: The action sources ``slhub data collect --actions`` takes.
-SOURCES = ("uniform", "smooth", "policy")
+SOURCES = ("uniform", "smooth", "zero", "policy")
 #: Steps between two knots of the ``smooth`` source.
 KNOT_EVERY = 10
 
@@ -72,6 +76,17 @@ class Smooth:
         self.step += 1
         start, end = self.knots[knot], self.knots[knot + 1]
         return np.clip(start + (end - start) * (into / KNOT_EVERY), self.low, self.high), None
+
+
+class Zero:
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def begin(self, rng: np.random.Generator, steps: int) -> None:
+        pass
+
+    def __call__(self, observation: np.ndarray, simulator: Simulator):
+        return np.zeros(self.size), None
 
 
 class Policy:
@@ -145,6 +160,8 @@ def make_source(
     if kind != "policy":
         if policy is not None or noise:
             raise SimulatorError(f"--policy and --noise go with --actions policy, not {kind}")
+        if kind == "zero":
+            return Zero(len(simulator.action_names))
         unlimited = ~np.isfinite(simulator.ctrl_range).all(axis=1)
         if unlimited.any():
             which = ", ".join(np.asarray(simulator.action_names)[unlimited])

@@ -88,7 +88,8 @@ def collect(
     """Collect ``episodes`` episodes of at most ``steps`` steps of ``env`` (``PREFIX:ENV``)
     into a new store at ``destination``.
 
-    :param actions: ``uniform``, ``smooth`` or ``policy`` (:mod:`slhub.sim.actions`).
+    :param actions: ``uniform``, ``smooth``, ``zero`` or ``policy``
+        (:mod:`slhub.sim.actions`).
     :param policy: ``module:function`` for ``policy``; ``noise`` its Gaussian std.
     :param progress: a bar on stderr when it is a terminal.
     :param through_termination: keep simulating after the env terminates (the robot fell):

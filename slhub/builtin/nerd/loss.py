@@ -13,7 +13,9 @@ import numpy as np
 import torch
 
 from slhub import DatasetError
+from slhub.builtin.nerd.base import FloatingBase, free_joint_base
 from slhub.builtin.nerd.data import tokens_of, window_offsets
+from slhub.builtin.nerd.measures import MeasureColumns, averaged, step_errors
 from slhub.builtin.nerd.model import NerdArch, NerdLayout, NerdModel
 from slhub.builtin.nerd.sections import LossSection, ValidationSection
 from slhub.data import TrainingData, wrap_angle
@@ -117,6 +119,10 @@ def evaluate(
       autoregressive rollout that starts after ``history`` true steps.
     - ``baseline_mse_K``: the same error for "the state stays as the last true one";
       ``linear_mse_K``: for "the state keeps changing as in the last true step".
+    - ``<kind>_base_position_K``, ``<kind>_base_orientation_K``,
+      ``<kind>_joint_position_K`` for each of the three: NeRD's measures in physical
+      units (:mod:`~slhub.builtin.nerd.measures`), when the state has ``qpos``
+      components.
     """
     arch, layout = model.arch, model.layout
     history = arch.history
@@ -156,16 +162,39 @@ def evaluate(
         _wrapped(last - states[:, history - 2 : history - 1], layout) if history > 1 else 0 * last
     )
     ahead = torch.arange(1, horizon + 1, dtype=torch.float64)[None, :, None]
-    linear_error = angle_aware_error(_wrapped(last + ahead * step, layout), truth, layout)
+    linear = _wrapped(last + ahead * step, layout)
+    linear_error = angle_aware_error(linear, truth, layout)
     errors = {"rollout": rollout_error, "baseline": baseline_error, "linear": linear_error}
     groups = measure_columns(layout, cfg)
+    physical = MeasureColumns.of(layout.state_names, layout.angles, base_of(layout, data))
+    guesses = {"rollout": predicted, "baseline": last.expand_as(truth), "linear": linear}
+    measured = {
+        kind: step_errors(guess, truth, physical) for kind, guess in guesses.items() if physical
+    }
     for k in sorted(set(cfg.horizons)):
         for kind, error in errors.items():
             metrics[f"{kind}_mse_{k}"] = float(error[:, :k].mean())
         for group, columns in groups.items():
             for kind, error in errors.items():
                 metrics[f"{kind}_{group}_mse_{k}"] = float(error[:, :k, columns].mean())
+        for kind, measures in measured.items():
+            for name, value in averaged(measures, k).items():
+                metrics[f"{kind}_{name}_{k}"] = value
     return metrics
+
+
+def base_of(layout: NerdLayout, data: TrainingData) -> FloatingBase | None:
+    """The robot's floating base, or None: the first free joint whose thirteen
+    components ``slhub data collect`` names (``qpos.J_x`` ... ``qpos.J_qz``,
+    ``qvel.J_vx`` ... ``qvel.J_wz``) are all state components. ``data`` is the dataset
+    validated, whose recorded metadata may name the base instead."""
+    names = set(layout.state_names)
+    for name in layout.state_names:
+        if name.startswith("qpos.") and name.endswith("_qw"):
+            base = free_joint_base(name.removeprefix("qpos.").removesuffix("_qw"))
+            if names.issuperset(base.names):
+                return base
+    return None
 
 
 def measure_columns(layout: NerdLayout, cfg: ValidationSection) -> dict[str, list[int]]:
