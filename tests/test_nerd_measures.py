@@ -14,7 +14,7 @@ import torch
 
 import slhub
 from slhub.builtin.nerd.base import free_joint_base
-from slhub.builtin.nerd.loss import base_of
+from slhub.builtin.nerd.loss import measured_base
 from slhub.builtin.nerd.measures import (
     MeasureColumns,
     averaged,
@@ -88,11 +88,14 @@ def test_columns_name_the_base_and_the_joints():
     assert MeasureColumns.of(["x", "theta"], [1], None) is None
 
 
-def test_base_of_finds_a_free_joint_from_the_names():
+def test_the_measured_base_is_the_models_else_a_free_joint_found_by_name():
     layout = NerdLayout.from_names([*QPOS, *QVEL], ["a"])
-    assert base_of(layout, None) == BASE  # type: ignore[arg-type]
+    assert measured_base(layout) == BASE
     without = NerdLayout.from_names([n for n in [*QPOS, *QVEL] if n != "qvel.root_wz"], ["a"])
-    assert base_of(without, None) is None  # type: ignore[arg-type]
+    assert measured_base(without) is None
+    # a model that knows its base (model.base, or the dataset's record) is judged by it
+    named = NerdLayout.from_names([*QPOS, *QVEL], ["a"], base=BASE, frame="world")
+    assert measured_base(named) is BASE
 
 
 def test_measures_average_over_steps_and_trajectories_as_nerds_evaluator():

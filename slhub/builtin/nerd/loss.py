@@ -166,7 +166,7 @@ def evaluate(
     linear_error = angle_aware_error(linear, truth, layout)
     errors = {"rollout": rollout_error, "baseline": baseline_error, "linear": linear_error}
     groups = measure_columns(layout, cfg)
-    physical = MeasureColumns.of(layout.state_names, layout.angles, base_of(layout, data))
+    physical = MeasureColumns.of(layout.state_names, layout.angles, measured_base(layout))
     guesses = {"rollout": predicted, "baseline": last.expand_as(truth), "linear": linear}
     measured = {
         kind: step_errors(guess, truth, physical) for kind, guess in guesses.items() if physical
@@ -183,11 +183,13 @@ def evaluate(
     return metrics
 
 
-def base_of(layout: NerdLayout, data: TrainingData) -> FloatingBase | None:
-    """The robot's floating base, or None: the first free joint whose thirteen
-    components ``slhub data collect`` names (``qpos.J_x`` ... ``qpos.J_qz``,
-    ``qvel.J_vx`` ... ``qvel.J_wz``) are all state components. ``data`` is the dataset
-    validated, whose recorded metadata may name the base instead."""
+def measured_base(layout: NerdLayout) -> FloatingBase | None:
+    """The floating base the measures judge: the model's own (``model.base`` or the
+    dataset's record), else the first free joint whose thirteen components
+    ``slhub data collect`` names (``qpos.J_x`` ... ``qpos.J_qz``, ``qvel.J_vx`` ...
+    ``qvel.J_wz``) are all state components (a world-frame model of unrecorded data)."""
+    if layout.base is not None:
+        return layout.base
     names = set(layout.state_names)
     for name in layout.state_names:
         if name.startswith("qpos.") and name.endswith("_qw"):
