@@ -307,16 +307,19 @@ def recipe_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 
 def _comparable(data: dict[str, Any]) -> dict[str, Any]:
-    """A copy in which an absent ``plugins`` list equals an empty one and an absent
-    trainer key equals its default of None (run identities written before the key)."""
+    """A copy in which an absent ``plugins`` list equals an empty one and an absent key
+    equals one set to None, in every section (a key a section gained since the
+    identity was written, whose default is None, is no difference)."""
     comparable = copy.deepcopy(data)
     if not comparable.get("plugins"):
         comparable.pop("plugins", None)
-    trainer = comparable.get("trainer")
-    if isinstance(trainer, dict):
-        for key in [k for k, v in trainer.items() if v is None]:
-            del trainer[key]
-    return comparable
+
+    def drop_none(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: drop_none(v) for k, v in value.items() if v is not None}
+        return value
+
+    return {k: drop_none(v) if isinstance(v, dict) else v for k, v in comparable.items()}
 
 
 _MISSING = object()

@@ -31,6 +31,17 @@ def test_malformed_override_is_refused():
         load_recipe(SL_DDP, ["trainer.lr"])
 
 
+def test_a_key_absent_from_a_recorded_recipe_equals_one_set_to_none():
+    """A section key added since a checkpoint was written (default None) is no
+    difference; a value where the record had none still is."""
+    recorded = {"model": {"width": 8}, "trainer": {"lr": 0.1}}
+    now = {"model": {"width": 8, "frame": None}, "trainer": {"lr": 0.1, "best": None}}
+    assert recipe_differences(recorded, now) == []
+    assert recipe_differences(recorded, {**now, "model": {"width": 8, "frame": "body"}}) == [
+        "model.frame (absent -> 'body')"
+    ]
+
+
 def test_recipe_differences_ignore_resumable_keys():
     a = {"trainer": {"steps": 1, "output_dir": "a", "lr": 0.1}, "model": {"hidden": 3}}
     b = {"trainer": {"steps": 9, "output_dir": "b", "lr": 0.2}, "model": {}}
