@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Install each external plugin package under plugins/ (model packages and the extra plugin
-# tensorboard) from its folder, as a third party would, and check that installing it is what
-# makes `slhub plugins` list it, as a model or an extra plugin. Their tests (under
+# Install each external plugin package under plugins/ (model packages and the extra plugins
+# tensorboard and wandb) from its folder, as a third party would, and check that installing it
+# is what makes `slhub plugins` list it, as a model or an extra plugin. Their tests (under
 # plugins/*/tests) run in the root `python -m pytest` that .ci/run calls afterwards.
 # Expects slhub itself to be installed already (.ci/run installs it first).
 set -euo pipefail

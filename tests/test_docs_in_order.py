@@ -105,6 +105,9 @@ SKIPPED: dict[str, str] = {
     "plugins/tensorboard/README.md: tensorboard --logdir outputs/sl_tensorboard/…": SERVER,
     "plugins/tensorboard/README.md: tensorboard --logdir outputs": SERVER,
     "plugins/tensorboard/README.md: OMP_NUM_THREADS=1 python -m pytest -q plugin…": TESTS,
+    "plugins/wandb/README.md: pip install -e plugins/wandb": INSTALL,
+    "plugins/wandb/README.md: OMP_NUM_THREADS=1 python -m pytest -q plugins/wandb": TESTS,
+    "plugins/wandb/README.md: OMP_NUM_THREADS=1 python -m pytest -q -m slow plug…": TESTS,
 }
 
 
@@ -492,6 +495,8 @@ def _run_files(recipe: Any, checkpoints: set[int]) -> set[str]:
     files = {"run.json", "metrics.jsonl", "last.pt", *(f"step_{s}.pt" for s in checkpoints)}
     if "tensorboard" in recipe.plugins:
         files.add("tensorboard")
+    if "wandb" in recipe.plugins:
+        files.add("wandb")
     if recipe.trainer.best is not None:
         files.add("best.pt")
     return files
