@@ -77,7 +77,9 @@ def _check_paths(args: argparse.Namespace, command: ModuleType) -> None:
 
     for attribute, name in getattr(command, "PATH_ARGUMENTS", ()):
         value = getattr(args, attribute, None)
-        if value is not None:
+        if isinstance(value, list):  # nargs="+": every path checked, each expanded
+            setattr(args, attribute, [str(user_path(v, name)) for v in value])
+        elif value is not None:
             user_path(value, name)
             setattr(args, attribute, os.path.expanduser(value))
 

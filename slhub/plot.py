@@ -266,8 +266,6 @@ def _title(
 def _draw_panel(
     ax: Axes, title: str, keys: list[str], series: Series, resumed_at: list[int]
 ) -> None:
-    from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullFormatter
-
     colours = [f"C{i}" for i in range(10)]
     for index, key in enumerate(keys):
         steps, values = series[key]
@@ -285,7 +283,16 @@ def _draw_panel(
         )
     for step in resumed_at:
         ax.axvline(step, color="grey", linestyle="--", linewidth=1, gid="resume")
-    values = [v for key in keys for v in series[key][1]]
+    style_panel(ax, title, keys, [v for key in keys for v in series[key][1]])
+    if len(keys) > 1:
+        ax.legend(fontsize=7, framealpha=0.8)
+
+
+def style_panel(ax: Axes, title: str, keys: list[str], values: list[float]) -> None:
+    """Title, y scale and ticks, x ticks and grid of a panel drawing ``keys``, whose
+    lines hold ``values``: a log axis for a positive range of 3x or more."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullFormatter
+
     ticks = [] if set(keys) <= LINEAR_KEYS else log_ticks(min(values), max(values))
     if len(ticks) >= 2 and max(values) / min(values) >= 3:
         ax.set_yscale("log")
@@ -298,11 +305,9 @@ def _draw_panel(
     ax.set_title(title, loc="left", fontsize=9)
     ax.tick_params(labelsize=8)
     ax.grid(True, alpha=0.3)
-    if len(keys) > 1:
-        ax.legend(fontsize=7, framealpha=0.8)
 
 
-def _read_back(ax: Axes) -> tuple[Panel, Series]:
+def read_back(ax: Axes) -> tuple[Panel, Series]:
     """The panel and its lines as the Axes holds them (not as they were asked for)."""
     lines = [line for line in ax.get_lines() if line.get_gid() not in (None, "resume")]
     drawn: Series = {
@@ -334,18 +339,8 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Plotted:
     an existing directory as ``out`` is refused.
     """
     run_dir = user_path(run_dir, "run directory")
-    target = run_dir / DEFAULT_NAME if out is None else user_path(out, "--out")
-    if out is not None:
-        with path_errors(target, SlhubError, "cannot write the plot"):
-            if target.is_dir():
-                raise SlhubError(
-                    f"{target}: is a directory; --out names the image file to write, "
-                    f"e.g. {target / DEFAULT_NAME}"
-                )
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise SlhubError("slhub plot needs matplotlib: pip install 'slhub[plot]'") from None
+    target = output_path(run_dir / DEFAULT_NAME, out)
+    Figure = figure_class()
     series, resumed_at = collect(run_dir)
     panels = layout(list(series))
     constants: dict[str, float] = {}
@@ -365,7 +360,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Plotted:
 
     drawn = Plotted(path=target, resumed_at=list(resumed_at), constants=constants, figure=figure)
     for ax in axes:
-        panel, lines = _read_back(ax)
+        panel, lines = read_back(ax)
         drawn.panels.append(panel)
         drawn.series.update(lines)
     drawn.series.update({k: series[k] for k in constants})
@@ -377,14 +372,44 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Plotted:
         "constants": drawn.constants,
         "panels": [asdict(p) for p in drawn.panels],
     }
-    fmt = drawn.path.suffix[1:].lower() or "png"
-    with path_errors(drawn.path, SlhubError, "cannot write the plot"):
-        drawn.path.parent.mkdir(parents=True, exist_ok=True)
-        if fmt == "png":
-            _save_png(figure, drawn.path, {METADATA_KEY: json.dumps(description)})
-        else:  # text metadata is a PNG feature; other formats get none
-            figure.savefig(drawn.path, dpi=DPI, format=fmt)
+    save(figure, drawn.path, description)
     return drawn
+
+
+def output_path(default: Path, out: str | Path | None) -> Path:
+    """Where the figure goes: ``out`` when given (never an existing directory), else
+    ``default``."""
+    if out is None:
+        return default
+    target = user_path(out, "--out")
+    with path_errors(target, SlhubError, "cannot write the plot"):
+        if target.is_dir():
+            raise SlhubError(
+                f"{target}: is a directory; --out names the image file to write, "
+                f"e.g. {target / DEFAULT_NAME}"
+            )
+    return target
+
+
+def figure_class() -> type[Figure]:
+    """matplotlib's Figure, or the one line saying how to install it (an optional extra)."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise SlhubError("slhub plot needs matplotlib: pip install 'slhub[plot]'") from None
+    return Figure
+
+
+def save(figure: Figure, path: Path, description: dict[str, Any]) -> None:
+    """Write the figure in the format ``path``'s suffix names (PNG without one), the
+    description in a PNG's text metadata under :data:`METADATA_KEY`."""
+    fmt = path.suffix[1:].lower() or "png"
+    with path_errors(path, SlhubError, "cannot write the plot"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if fmt == "png":
+            _save_png(figure, path, {METADATA_KEY: json.dumps(description)})
+        else:  # text metadata is a PNG feature; other formats get none
+            figure.savefig(path, dpi=DPI, format=fmt)
 
 
 def _save_png(figure: Figure, path: Path, text: dict[str, str]) -> None:

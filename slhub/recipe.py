@@ -291,16 +291,32 @@ def recipe_digest(data: dict[str, Any]) -> str:
 
 def recipe_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """Field paths whose values differ between two recipes, ignoring ``RESUMABLE_KEYS``."""
-    out: list[str] = []
+    return [
+        f"{path} ({_show(a)} -> {_show(b)})" for path, a, b in _changes(old, new, RESUMABLE_KEYS)
+    ]
+
+
+def differing_keys(
+    old: dict[str, Any], new: dict[str, Any], ignore: frozenset[str] = RESUMABLE_KEYS
+) -> list[str]:
+    """Dotted field paths (``trainer.lr``) whose values differ between two recipes,
+    sorted; ``ignore`` names paths not compared (a run's own output directory)."""
+    return [path for path, _, _ in _changes(old, new, ignore)]
+
+
+def _changes(
+    old: dict[str, Any], new: dict[str, Any], ignore: frozenset[str]
+) -> list[tuple[str, Any, Any]]:
+    out: list[tuple[str, Any, Any]] = []
 
     def walk(a: Any, b: Any, path: str) -> None:
-        if path in RESUMABLE_KEYS:
+        if path in ignore:
             return
         if isinstance(a, dict) and isinstance(b, dict):
             for key in sorted(set(a) | set(b), key=str):
                 walk(a.get(key, _MISSING), b.get(key, _MISSING), f"{path}.{key}" if path else key)
         elif a != b:
-            out.append(f"{path} ({_show(a)} -> {_show(b)})")
+            out.append((path, a, b))
 
     walk(_comparable(old), _comparable(new), "")
     return out

@@ -656,8 +656,10 @@ def check(command: Command, call: Invocation, files: Files) -> str:
         source = args.checkpoint
         if not files.produced(source, doc):
             raise Refused(f"it reads {source}, which no earlier command of the page wrote")
-    if name == "plot" and not files.produced(args.run_dir, doc):
-        raise Refused(f"it plots {args.run_dir}, which no earlier command of the page wrote")
+    if name == "plot":
+        for run_dir in args.run_dirs:
+            if not files.produced(run_dir, doc):
+                raise Refused(f"it plots {run_dir}, which no earlier command of the page wrote")
     if name == "data" and args.data_command in ("info", "check", "convert"):
         if not files.produced(args.path, doc):
             raise Refused(f"it reads {args.path}, which is neither a repository file nor made")
