@@ -19,6 +19,10 @@ simulator does, and names the extra in one line when they are missing.
   dynamics (:func:`~slhub.sim.cartpole.cartpole_step`), constants and state names,
   random trajectories and their episodes in slhub's store
   (:func:`~slhub.sim.cartpole.cartpole_store`); ``from slhub.sim import cartpole``.
+- :mod:`slhub.sim.learned` — a NeRD export in place of MuJoCo: the gymnasium env
+  :class:`~slhub.sim.learned.LearnedEnv` (``slhub/Learned-v0``) runs a gymnasium MuJoCo
+  env's own observation, reward and termination code on the predicted states, to train
+  a policy inside the learned simulator; ``import slhub.sim.learned`` (needs gymnasium).
 - :mod:`slhub.sim.names` — component names from a MuJoCo model's joints and actuators.
 - :mod:`slhub.sim.experts` — demonstrators for ``--policy``: an LQR for
   InvertedPendulum-v5 (``slhub.sim.experts:inverted_pendulum``) and inverse kinematics

@@ -141,20 +141,7 @@ class GymnasiumMujoco:
         counts for both)."""
         if self.contact_names is None:
             return None
-        view = self._synced()
-        forces = np.zeros(len(self.contact_names), dtype=np.float64)
-        wrench = np.zeros(6, dtype=np.float64)
-        bodies = self.model.geom_bodyid
-        for index in range(view.ncon):
-            touch = view.contact[index]
-            if touch.efc_address < 0:
-                continue
-            self._mujoco.mj_contactForce(self.model, view, index, wrench)
-            for geom in (touch.geom1, touch.geom2):
-                body = int(bodies[geom])
-                if body > 0:
-                    forces[body - 1] += abs(wrench[0])
-        return forces
+        return body_contact_forces(self._mujoco, self.model, self._synced())
 
     def render(self, camera: str = FOLLOW, size: int = 64) -> np.ndarray:
         key = (camera, int(size))
@@ -175,6 +162,25 @@ class GymnasiumMujoco:
             self._mujoco.mj_forward(self.model, self._view)
             self._view_fresh = True
         return self._view
+
+
+def body_contact_forces(mujoco: Any, model: Any, data: Any) -> np.ndarray:
+    """Per body (world left out), the summed normal force of the active contacts that
+    touch one of its geoms in forward-computed ``data`` (a contact between two bodies
+    counts for both): the ``contact`` feature of ``slhub data collect``."""
+    forces = np.zeros(model.nbody - 1, dtype=np.float64)
+    wrench = np.zeros(6, dtype=np.float64)
+    bodies = model.geom_bodyid
+    for index in range(data.ncon):
+        touch = data.contact[index]
+        if touch.efc_address < 0:
+            continue
+        mujoco.mj_contactForce(model, data, index, wrench)
+        for geom in (touch.geom1, touch.geom2):
+            body = int(bodies[geom])
+            if body > 0:
+                forces[body - 1] += abs(wrench[0])
+    return forces
 
 
 def _can_collide(model: Any) -> bool:
