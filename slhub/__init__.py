@@ -33,6 +33,7 @@ from slhub.errors import (
     one_line,
 )
 from slhub.hookspecs import LossResult, Trainer, hookimpl
+from slhub.paths import unwritable_reason
 from slhub.recipe import load_recipe
 
 #: Public names imported on first use: name -> (module, name there).
@@ -82,6 +83,7 @@ __all__ = [
     "set_log_write_wrapper",
     "set_random_state",
     "train",
+    "unwritable_reason",
 ]
 
 

@@ -89,3 +89,21 @@ def user_cache_dir() -> Path:
     ``~/.cache/slhub`` (statistics, dataset digests; never inside a dataset)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "slhub"
+
+
+def unwritable_reason(folder: str | os.PathLike[str]) -> str | None:
+    """Why ``folder`` could not be made or written into, or None when it can: it, or
+    the nearest folder of it that exists, must be a directory this process may write
+    into. Nothing is created (a logger checks its directory in ``admit``, before any
+    artifact)."""
+    existing = Path(folder)
+    try:
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir():
+            return f"{existing} is not a directory"
+        if not os.access(existing, os.W_OK | os.X_OK):
+            return f"{existing} is not writable (read-only, or another user's)"
+    except (OSError, ValueError) as exc:
+        return str(exc)
+    return None

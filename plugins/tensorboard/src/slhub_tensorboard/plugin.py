@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from slhub import SlhubError, Trainer, hookimpl
+from slhub import SlhubError, Trainer, hookimpl, unwritable_reason
 
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
@@ -129,17 +129,7 @@ def check_writable(log_dir: Path) -> None:
     """Refuse, in one line naming ``tensorboard.log_dir``, a directory that could not be
     made or written: it, or the nearest folder of it that exists, must be a directory
     this process may write into. Nothing is created."""
-    existing = log_dir
-    try:
-        while not existing.exists() and existing != existing.parent:
-            existing = existing.parent
-        problem = None
-        if not existing.is_dir():
-            problem = f"{existing} is not a directory"
-        elif not os.access(existing, os.W_OK | os.X_OK):
-            problem = f"{existing} is not writable (read-only, or another user's)"
-    except (OSError, ValueError) as exc:
-        problem = str(exc)
+    problem = unwritable_reason(log_dir)
     if problem is not None:
         raise SlhubError(
             f"{SECTION}.log_dir: cannot write event files into {log_dir}: {problem}; "

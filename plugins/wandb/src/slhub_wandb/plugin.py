@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from slhub import SlhubError, Trainer, hookimpl
+from slhub import SlhubError, Trainer, hookimpl, unwritable_reason
 
 if importlib.util.find_spec("wandb") is None:  # fail when the plugin loads, not mid-run
     raise ImportError(
@@ -86,17 +86,7 @@ def dir_of(trainer: Trainer) -> Path:
 def check_writable(folder: Path) -> None:
     """Refuse, in one line naming ``wandb.dir``, a directory that could not be made or
     written: it, or the nearest folder of it that exists, must be a writable directory."""
-    existing = folder
-    try:
-        while not existing.exists() and existing != existing.parent:
-            existing = existing.parent
-        problem = None
-        if not existing.is_dir():
-            problem = f"{existing} is not a directory"
-        elif not os.access(existing, os.W_OK | os.X_OK):
-            problem = f"{existing} is not writable (read-only, or another user's)"
-    except (OSError, ValueError) as exc:
-        problem = str(exc)
+    problem = unwritable_reason(folder)
     if problem is not None:
         raise SlhubError(
             f"{SECTION}.dir: cannot write W&B files into {folder}: {problem}; "
