@@ -1,5 +1,6 @@
 """Fixtures of the wandb plugin's tests: W&B kept offline, quiet and out of ~/.config,
-and this folder importable (the offline-file reader, the rank spy of the torchrun test)."""
+and this folder importable (the offline-file reader, the rank spy of the torchrun test),
+with slhub's test helpers, also when pytest runs from this plugin's folder alone."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
+#: slhub's own tests folder: its helpers run the CLI and torchrun as slhub's tests do.
+SLHUB_TESTS = HERE.parents[2] / "tests"
+for folder in (HERE, SLHUB_TESTS):
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
 
 
 def wandb_env(home: Path) -> dict[str, str]:

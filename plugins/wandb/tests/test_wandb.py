@@ -213,20 +213,25 @@ def test_already_logged_reads_the_lines_before_this_process_marker(tmp_path: Pat
     assert already_logged(records, first_step=8) == 0  # a marker of another process
 
 
-def test_only_rank_0_starts_a_wandb_run(tmp_path: Path, offline_wandb):
+def test_only_rank_0_starts_a_mirror_that_finishes_with_the_run(tmp_path: Path, offline_wandb):
+    (tmp_path / "run.json").write_text(json.dumps({"run_id": "standin", "recipe": {}}))
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "train/loss": 2.0}) + "\n")
+    section = {"wandb": {"mode": "offline", "project": "slhub-tests"}}
     for rank in (1, 0):
         plugin = WandbLogger()
-        trainer = StandInTrainer(
-            plugin, {"wandb": {"mode": "disabled"}}, rank=rank, output_dir=str(tmp_path)
-        )
+        trainer = StandInTrainer(plugin, section, rank=rank, output_dir=str(tmp_path))
         hooks = hooks_of(plugin)
-        if rank == 0:
-            (tmp_path / "run.json").write_text(json.dumps({"run_id": "standin", "recipe": {}}))
         hooks.admit(trainer=trainer)
         hooks.on_log(trainer=trainer, step=1, metrics={"step": 1, "train/loss": 2.0})
-        assert (plugin.run is not None) == (rank == 0)
+        assert (plugin.mirror is not None) == (rank == 0)
+        mirror = plugin.mirror
         hooks.on_fit_end(trainer=trainer, status="done")
-        assert plugin.run is None
+        assert plugin.mirror is None
+        if mirror is not None:
+            assert mirror.returncode == 0  # finished, not left running
+    [path] = run_files(tmp_path, trainer.run_id)
+    assert history(path) == [(1, {"train/loss": 2.0})]
+    assert summary(path)["slhub/status"] == "done"
 
 
 @pytest.mark.parametrize(
@@ -251,8 +256,8 @@ def test_a_bad_wandb_section_is_one_line_and_no_artifact(
 
 @pytest.mark.slow
 def test_two_gloo_workers_preempted_and_resumed_in_place(tmp_path: Path, offline_wandb):
-    """Rank 1 never imports wandb (so never contacts a tracker); the W&B run of the
-    preempted and resumed run shows the effective history."""
+    """No worker imports wandb, rank 1 starts no mirror (so never contacts a tracker):
+    one W&B run, a file for each process of rank 0; it shows the effective history."""
     spy = tmp_path / "spy"
     spy.mkdir()
     run = tmp_path / "run"
@@ -265,7 +270,7 @@ def test_two_gloo_workers_preempted_and_resumed_in_place(tmp_path: Path, offline
         proc = run_torchrun(*args, *resume, env={**env, STOP_AT_ENV: stop_at}, timeout=300)
         assert proc.returncode != 0 if code else proc.returncode == 0, proc.stderr[-2000:]
         ranks = {r: json.loads((spy / f"rank{r}.json").read_text()) for r in (0, 1)}
-        assert ranks[0]["wandb_imported"] and not ranks[1]["wandb_imported"], ranks
+        assert not ranks[0]["wandb_imported"] and not ranks[1]["wandb_imported"], ranks
     assert len(run_files(run, run_id(run))) == 2
     assert len(list((run / "wandb").glob("*run-*"))) == 2  # no run of rank 1's
     assert shown(run) == expected(run)

@@ -1,9 +1,11 @@
 """The ``wandb`` extra plugin: rank 0 mirrors metrics.jsonl into one W&B run per slhub run.
 
-metrics.jsonl is the run's source of truth; this plugin only mirrors it. Every
-line rank 0 writes reaches :meth:`WandbLogger.on_log` and is logged as it is (every
-key but ``step``) at W&B step = the line's ``step``, so an update line and the
-validation line of the same update share one W&B row.
+metrics.jsonl is the run's source of truth; this plugin only mirrors it. At its
+first metrics line rank 0 starts a mirror process (:mod:`slhub_wandb.mirror`) that
+follows the file and logs every line as it is (every key but ``step``) at W&B step
+= the line's ``step``, so an update line and the validation line of the same update
+share one W&B row. Training processes never import ``wandb``: an update costs what
+it costs without the plugin, and W&B's work runs beside it.
 
 One W&B run per slhub run. The W&B run id is slhub's ``run_id``, which a resume in
 place keeps and a resume into a fresh directory replaces: the first continues the
@@ -24,6 +26,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -31,6 +35,8 @@ from typing import Any, Literal
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from slhub import SlhubError, Trainer, hookimpl, unwritable_reason
+
+from slhub_wandb.mirror import Closing, MirrorSpec
 
 if importlib.util.find_spec("wandb") is None:  # fail when the plugin loads, not mid-run
     raise ImportError(
@@ -50,6 +56,8 @@ RESUME_KEY = "slhub/resume"
 EXIT_CODES = {"done": 0, "preempted": 75, "failed": 1}
 #: The longest wait for a W&B run folder name no earlier process of this run holds.
 MAX_NAME_WAIT_S = 2.0
+#: The longest wait, when the run ends, for the mirror to log its last lines and finish.
+MAX_FINISH_WAIT_S = 600.0
 
 LOG = structlog.get_logger("slhub")
 
@@ -150,12 +158,11 @@ def wait_for_free_name(folder: Path, run_id: str, limit_s: float = MAX_NAME_WAIT
 
 
 class WandbLogger:
-    """Logs every metrics line of rank 0 to W&B (one instance per run)."""
+    """Mirrors rank 0's metrics lines into W&B (one instance per run)."""
 
     def __init__(self) -> None:
-        self.run: Any = None
-        self.skip_through = 0
-        self.pending: dict[str, Any] = {}
+        #: The mirror process of this slhub process (rank 0, from its first metrics line).
+        self.mirror: subprocess.Popen[str] | None = None
 
     @hookimpl
     def recipe_sections(self) -> dict[str, type[BaseModel]]:
@@ -170,40 +177,44 @@ class WandbLogger:
 
     @hookimpl
     def on_log(self, trainer: Trainer, step: int, metrics: dict[str, Any]) -> None:
-        if not trainer.is_main:
-            return  # other ranks never import wandb nor contact a tracker
-        if self.run is None:
-            self._start(trainer, step)
-        if step <= self.skip_through:
-            return  # an earlier process of this run logged this step
-        row = {key: value for key, value in metrics.items() if key != "step"}
-        row.update(self.pending)
-        self.pending = {}
-        self.run.log(row, step=step)
+        """Start the mirror at rank 0's first line; it reads every line from the file."""
+        if self.mirror is None and trainer.is_main:
+            if trainer.section(SECTION).mode != "disabled":
+                self.mirror = self._start(trainer, step)
 
     @hookimpl
     def on_fit_end(self, trainer: Trainer, status: str) -> None:
-        """Record how the run ended (``slhub/status``: done, preempted or failed, at
-        ``slhub/step``) and finish the W&B run with the matching exit code."""
-        if self.run is None:
+        """Hand the mirror how the run ended (``slhub/status``: done, preempted or
+        failed, at ``slhub/step``, and the matching W&B exit code) and wait until it
+        has logged every line and finished the W&B run."""
+        if self.mirror is None:
             return
-        run, self.run = self.run, None
-        run.summary["slhub/status"] = status
-        run.summary["slhub/step"] = trainer.step
-        run.finish(exit_code=EXIT_CODES.get(status, 1))
+        mirror, self.mirror = self.mirror, None
+        closing = Closing(status, trainer.step, EXIT_CODES.get(status, 1))
+        try:
+            assert mirror.stdin is not None
+            mirror.stdin.write(closing.to_line())
+            mirror.stdin.close()
+        except OSError:
+            pass  # the mirror is gone already: its exit status says why
+        try:
+            code = mirror.wait(timeout=MAX_FINISH_WAIT_S)
+        except subprocess.TimeoutExpired:
+            LOG.warning("W&B mirror still running; it finishes by itself", pid=mirror.pid)
+            return
+        if code != 0:
+            LOG.warning("W&B mirror failed; metrics.jsonl holds every line", exit_code=code)
 
-    def _start(self, trainer: Trainer, first_step: int) -> None:
-        """Start (or continue) the W&B run at this process's first metrics line."""
-        import wandb
-
+    def _start(self, trainer: Trainer, first_step: int) -> subprocess.Popen[str]:
+        """Start the mirror that logs this process's lines into the run's W&B run."""
         section: WandbSection = trainer.section(SECTION)
         output_dir = Path(trainer.output_dir)
         identity = json.loads((output_dir / RUN_FILE).read_text(encoding="utf-8"))
         records = read_records(output_dir / METRICS_FILE)
-        self.skip_through = already_logged(records, first_step)
         markers = [r for r in records if r.get("event") == RESUME_EVENT]
+        first_row = {}
         if markers and markers[-1]["step"] == first_step - 1:
-            self.pending = {RESUME_KEY: markers[-1]["step"]}
+            first_row = {RESUME_KEY: markers[-1]["step"]}
         folder = dir_of(trainer)
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -218,20 +229,41 @@ class WandbLogger:
         notes = None
         if parent.get("run_id"):
             notes = f"resumed from run {parent['run_id']} at update {parent.get('step')}"
-        self.run = wandb.init(
-            id=run_id,
-            resume="allow",
-            project=section.project,
-            entity=section.entity,
-            group=section.group,
-            tags=section.tags or None,
-            mode=section.mode,
-            dir=str(folder),
-            name=output_dir.name,
-            notes=notes,
-            settings=wandb.Settings(console="off"),  # slhub's own log stays as it is
+        spec = MirrorSpec(
+            metrics=str(output_dir / METRICS_FILE),
+            skip_through=already_logged(records, first_step),
+            first_row=first_row,
+            init={
+                "id": run_id,
+                "resume": "allow",
+                "project": section.project,
+                "entity": section.entity,
+                "group": section.group,
+                "tags": section.tags or None,
+                "mode": section.mode,
+                "dir": str(folder),
+                "name": output_dir.name,
+                "notes": notes,
+            },
+            config=run_config(identity),
+            summary={
+                "slhub/resumes": [
+                    {"step": m["step"], "checkpoint": m.get("checkpoint")} for m in markers
+                ]
+            },
         )
-        self.run.config.update(run_config(identity), allow_val_change=True)
-        self.run.summary["slhub/resumes"] = [
-            {"step": m["step"], "checkpoint": m.get("checkpoint")} for m in markers
-        ]
+        package_root = str(Path(__file__).resolve().parents[1])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        process = subprocess.Popen(
+            [sys.executable, "-m", "slhub_wandb.mirror"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            env=env,
+            text=True,
+            start_new_session=True,  # a signal to the job's process group leaves it running
+        )
+        assert process.stdin is not None
+        process.stdin.write(spec.to_line())
+        process.stdin.flush()
+        return process

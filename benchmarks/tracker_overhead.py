@@ -1,0 +1,106 @@
+"""What an experiment tracker adds to an update: slhub on the sl_ddp workload with and
+without the W&B plugin (``wandb.mode: offline``), in one run.
+
+    OMP_NUM_THREADS=1 python benchmarks/tracker_overhead.py                  # 2000 updates, 5 pairs
+    OMP_NUM_THREADS=1 python benchmarks/tracker_overhead.py --updates 200 --repeats 1   # smoke
+
+Both contestants are ``python -m slhub train`` on ``examples/sl_ddp/cpu.yaml`` with the
+settings of ``sl_ddp_vs_torch.py`` (1 process, or 2 Gloo workers with ``--workers 2``);
+the tracked one adds ``plugins: [wandb]`` and ``wandb: {mode: offline}``, so rank 0
+mirrors every metrics line into an offline W&B run (W&B's own service process
+included). Each repetition launches both, alternating which goes first. Measured per
+launch from rank 0's ``progress`` events: ``loop`` (end of update 1 to end of the
+last update, every validation and checkpoint boundary in between) and ``update``
+(``loop / (N - 1)``). The figure is the median over repetitions of each pair's
+ratio tracked/plain of ``update``, with the smallest and largest pair ratio as its
+spread. The two runs must produce the same metrics and bitwise-equal final weights
+(checked after every pair): the tracker only watches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from sl_ddp_vs_torch import RECIPE, launch, same_work, slhub_command, source_digest  # noqa: E402
+
+
+def tracked_recipe(folder: Path) -> Path:
+    """``examples/sl_ddp/cpu.yaml`` with the W&B plugin, offline, writing under the run."""
+    recipe = yaml.safe_load(RECIPE.read_text(encoding="utf-8"))
+    recipe["plugins"] = [*recipe.get("plugins", []), "wandb"]
+    recipe["wandb"] = {"mode": "offline", "project": "slhub-benchmark"}
+    path = folder / "tracked.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def tracked_command(updates: int, output_dir: Path, workers: int, recipe: Path) -> list[str]:
+    command = slhub_command(updates, output_dir, workers)
+    command[command.index(str(RECIPE))] = str(recipe)
+    return command
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--updates", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--keep", type=Path, default=None, help="keep the run folders here")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("WANDB_SILENT", "true")
+    base = args.keep or Path(tempfile.mkdtemp(prefix="slhub-tracker-bench-"))
+    base.mkdir(parents=True, exist_ok=True)
+    recipe = tracked_recipe(base)
+    import wandb
+
+    print(
+        f"sl_ddp: {args.updates} updates, {args.workers} worker(s), {args.repeats} pair(s); "
+        f"W&B {wandb.__version__} offline; {os.cpu_count()} CPUs; "
+        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '1')}",
+        flush=True,
+    )
+    print(f"slhub {source_digest()}", flush=True)
+    ratios: list[float] = []
+    plain_ms: list[float] = []
+    tracked_ms: list[float] = []
+    for rep in range(args.repeats):
+        plain_dir, tracked_dir = base / f"plain_{rep}", base / f"tracked_{rep}"
+        runs = [
+            ("plain", slhub_command(args.updates, plain_dir, args.workers)),
+            ("tracked", tracked_command(args.updates, tracked_dir, args.workers, recipe)),
+        ]
+        if rep % 2:
+            runs.reverse()
+        result = {name: launch(name, command, args.updates) for name, command in runs}
+        verdict = same_work(plain_dir, tracked_dir)
+        if not verdict.startswith("same"):
+            raise SystemExit(f"repetition {rep}: the tracked run differs: {verdict}")
+        plain, tracked = result["plain"]["per_update_ms"], result["tracked"]["per_update_ms"]
+        plain_ms.append(plain)
+        tracked_ms.append(tracked)
+        ratios.append(tracked / plain)
+        print(
+            f"pair {rep}: update {plain:.3f} ms plain, {tracked:.3f} ms tracked, "
+            f"ratio {tracked / plain:.3f}",
+            flush=True,
+        )
+    print(
+        f"\nupdate (ms), median: plain {statistics.median(plain_ms):.3f}, "
+        f"tracked {statistics.median(tracked_ms):.3f}; tracked/plain per pair: median "
+        f"{statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f})",
+        flush=True,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
