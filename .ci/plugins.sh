@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install each external plugin package under plugins/ (model packages and the extra plugins
-# tensorboard and wandb) from its folder, as a third party would, and check that installing it
+# tensorboard, wandb and mlflow) from its folder, as a third party would, and check that installing it
 # is what makes `slhub plugins` list it, as a model or an extra plugin. Their tests (under
 # plugins/*/tests) run in the root `python -m pytest` that .ci/run calls afterwards.
 # Expects slhub itself to be installed already (.ci/run installs it first).

@@ -22,10 +22,11 @@ page's run must be repeated word for word (README's summary of a page's command,
 page restating README's), since a reader who meets it in other words takes it for a
 new run and collides with the first. hooks.md's tutorial runs in the reader's own
 directory with the files the page has them write; those are written out and
-validated. GPU, SLURM, multi-node, install, test-suite and server commands, and
-patterns with placeholders (parsed only), are named in SKIPPED, so a new block is
-classified rather than silently passed over. Running them all for real, in the same
-order against the same model, takes tens of minutes: that is the docs_run test.
+validated. GPU, SLURM, multi-node, install, test-suite and server commands, those
+that need a tracking server, and patterns with placeholders (parsed only), are named
+in SKIPPED, so a new block is classified rather than silently passed over. Running
+them all for real, in the same order against the same model, takes tens of minutes:
+that is the docs_run test.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ MULTI_NODE = "multi-node"
 INSTALL = "install (the test environment is README's)"
 TESTS = "a test suite (pytest runs it)"
 SERVER = "a server that runs until stopped"
+TRACKER = "needs the tracking server a command before it starts (not started here)"
 PATTERN = "a pattern with placeholders (parsed only)"
 #: Commands that are not checked, each with why. Keys are ``doc: command`` as
 #: :func:`commands` extracts them; the test fails when this list and the docs part.
@@ -108,6 +110,17 @@ SKIPPED: dict[str, str] = {
     "plugins/wandb/README.md: pip install -e plugins/wandb": INSTALL,
     "plugins/wandb/README.md: OMP_NUM_THREADS=1 python -m pytest -q plugins/wandb": TESTS,
     "plugins/wandb/README.md: OMP_NUM_THREADS=1 python -m pytest -q -m slow plug…": TESTS,
+    "docs/trackers.md: mlflow server --backend-store-uri sqlite:///outputs/mlflo…": SERVER,
+    "docs/trackers.md: OMP_NUM_THREADS=1 python -m slhub train --config examples…": TRACKER,
+    "docs/trackers.md: python -m slhub_mlflow.sync outputs/sl_mlflow --status do…": TRACKER,
+    "plugins/mlflow/README.md: pip install -e plugins/mlflow": INSTALL,
+    "plugins/mlflow/README.md: mlflow server --backend-store-uri sqlite:///outpu…": SERVER,
+    "plugins/mlflow/README.md: OMP_NUM_THREADS=1 python -m slhub train --config …": TRACKER,
+    "plugins/mlflow/README.md: python -m slhub_mlflow.sync outputs/sl_mlflow": TRACKER,
+    "plugins/mlflow/README.md: python -m slhub_mlflow.sync outputs/sl_mlflow --s…": TRACKER,
+    "plugins/mlflow/README.md: python -m slhub_mlflow.sync outputs/sl_mlflow --t…": TRACKER,
+    "plugins/mlflow/README.md: OMP_NUM_THREADS=1 python -m pytest -q plugins/mlf…": TESTS,
+    "plugins/mlflow/README.md: OMP_NUM_THREADS=1 python -m pytest -q -m slow plu…": TESTS,
 }
 
 
@@ -357,8 +370,10 @@ def _skip_reason(command: Command, call: Invocation) -> str | None:
         return INSTALL
     if call.kind in ("pytest", "cd"):
         return TESTS
-    if call.kind == "tensorboard":
+    if call.kind in ("tensorboard", "mlflow"):
         return SERVER
+    if call.kind == "slhub_mlflow.sync" or 'plugins=["mlflow"]' in text:
+        return TRACKER
     return None
 
 
