@@ -79,7 +79,7 @@ def test_columns_name_the_base_and_the_joints():
     names = [*QPOS, *QVEL]
     columns = MeasureColumns.of(names, [7], BASE)
     assert columns == MeasureColumns((0, 1, 2), (3, 4, 5, 6), (7,), (True,))
-    # no free base: every qpos component is a joint (Hopper, the pendulum)
+    # no base: every qpos component is a joint (the pendulum; Hopper with no base known)
     hopper = ["qpos.rootx", "qpos.rootz", "qpos.rooty", "qvel.rootx"]
     assert MeasureColumns.of(hopper, [2], None) == MeasureColumns(
         (), (), (0, 1, 2), (False, False, True)

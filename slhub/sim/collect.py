@@ -47,6 +47,7 @@ import numpy as np
 from slhub.data import ArrayEpisodes, write_store
 from slhub.errors import DatasetError, SimulatorError, SlhubError, one_line
 from slhub.sim.actions import KNOT_EVERY, ActionSource, Policy, make_source
+from slhub.sim.names import planar_root
 from slhub.sim.render import FOLLOW
 from slhub.sim.simulator import Simulator, open_simulator
 
@@ -216,17 +217,23 @@ def _names(simulator: Simulator, episode: dict[str, np.ndarray]) -> dict[str, tu
     return {key: value for key, value in names.items() if key in episode}
 
 
-def floating_base(simulator: Simulator) -> dict[str, str] | None:
+def floating_base(simulator: Simulator) -> dict[str, Any] | None:
     """The robot's floating base as ``meta.json`` records it: the first free joint (a
-    robot's root comes first in MuJoCo's joint order) and the features holding its
-    ``qpos`` and ``qvel`` components, so a learned simulator can express each step in
-    the base's frame without a recipe naming it; None without a free joint."""
+    robot's root comes first in MuJoCo's joint order), else a planar base's three joints
+    (:func:`slhub.sim.names.planar_root`, from the simulator's MuJoCo ``model`` where it
+    has one), and the features holding their ``qpos`` and ``qvel`` components, so a
+    learned simulator can express each step in the base's frame without a recipe
+    naming it; None without either."""
     qpos, qvel = set(simulator.qpos_names), set(simulator.qvel_names)
     for joint in simulator.joint_names:
         if all(f"{joint}_{c}" in qpos for c in ("x", "y", "z", "qw", "qx", "qy", "qz")) and all(
             f"{joint}_{c}" in qvel for c in ("vx", "vy", "vz", "wx", "wy", "wz")
         ):
             return {"joint": joint, "qpos": "qpos", "qvel": "qvel"}
+    model = getattr(simulator, "model", None)
+    planar = planar_root(model) if model is not None else None
+    if planar is not None:
+        return {"kind": "planar", "joints": list(planar), "qpos": "qpos", "qvel": "qvel"}
     return None
 
 

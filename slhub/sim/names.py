@@ -15,7 +15,8 @@ free       ``NAME_x NAME_y NAME_z`` + the ball's four  ``NAME_vx NAME_vy NAME_vz
 
 An unnamed joint is ``joint<i>``. An unnamed actuator is named after the joint or
 body it drives (the gymnasium models leave their actuators unnamed), else
-``actuator<i>``. Every function takes the model only; none imports mujoco.
+``actuator<i>``. :func:`planar_root` finds a planar robot's base joints (slide x,
+slide z, hinge y). Every function takes the model only; none imports mujoco.
 """
 
 from __future__ import annotations
@@ -86,6 +87,27 @@ def body_names(model: Any) -> tuple[str, ...]:
     """The names of bodies 1 .. nbody-1 (the world body 0 left out; ``body<i>`` when
     unnamed)."""
     return _unique([model.body(i).name or f"body{i}" for i in range(1, model.nbody)])
+
+
+def planar_root(model: Any) -> tuple[str, str, str] | None:
+    """The joints of a planar base: a body whose parent is the world and whose first
+    three joints are a slide along +x, a slide along +z and a hinge about +y, in that
+    order (Hopper, Walker2d, HalfCheetah), judged by type and axis, not name; None when
+    no body is one."""
+    wanted = ((SLIDE, (1.0, 0.0, 0.0)), (SLIDE, (0.0, 0.0, 1.0)), (HINGE, (0.0, 1.0, 0.0)))
+    names = joint_names(model)
+    for body in range(1, model.nbody):
+        first, count = int(model.body_jntadr[body]), int(model.body_jntnum[body])
+        if int(model.body_parentid[body]) != 0 or count < 3:
+            continue
+        joints = range(first, first + 3)
+        if all(
+            int(model.jnt_type[j]) == kind
+            and all(abs(float(a) - b) < 1e-9 for a, b in zip(model.jnt_axis[j], axis, strict=True))
+            for j, (kind, axis) in zip(joints, wanted, strict=True)
+        ):
+            return names[first], names[first + 1], names[first + 2]
+    return None
 
 
 def _unique(names: list[str]) -> tuple[str, ...]:

@@ -1,19 +1,63 @@
 """Which state components form a robot's floating base: a MuJoCo free joint's seven
-``qpos`` and six ``qvel`` components.
+``qpos`` and six ``qvel`` components, or a planar base's three joints.
 
 MuJoCo lays a free joint out as position (x, y, z, world frame), unit quaternion
 (w, x, y, z, body to world), linear velocity (world frame) and angular velocity (body
-frame). NeRD expresses a step in that base's frame and judges a rollout by the base's
+frame). A planar robot (Hopper, Walker2d, HalfCheetah) has no free joint: its root
+body moves on a slide along x, a slide along z and a hinge about +y (the pitch), and
+their ``qvel`` components are the velocities along x and z and the pitch rate.
+
+NeRD expresses a step in that base's frame and judges a rollout by the base's
 position and orientation, so the model has to know which of its state components
-these are. :func:`free_joint_base` names them from the joint's name as
-``slhub data collect`` names its features (:mod:`slhub.sim.names`); :meth:`indices`
-finds them in a layout's state names.
+these are. :func:`free_joint_base` and :func:`planar_base` name them from the
+joints' names as ``slhub data collect`` names its features (:mod:`slhub.sim.names`);
+``indices`` finds them in a layout's state names. Both kinds satisfy
+:class:`RobotBase` and are stored with their ``kind`` (:func:`base_from_dict`; a
+stored base without one is a free joint).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+#: ``kind`` of a free joint's base (also what a stored base without a kind is).
+FREE = "free"
+#: ``kind`` of a planar base: slide x, slide z, hinge about +y.
+PLANAR = "planar"
+
+
+@runtime_checkable
+class RobotBase(Protocol):
+    """What NeRD needs of a floating base of either kind."""
+
+    kind: str
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every state component of the base."""
+
+    @property
+    def angles(self) -> tuple[str, ...]:
+        """The components that may be wrapped as angles (``model.angles``)."""
+
+    @property
+    def unsupervised(self) -> tuple[str, ...]:
+        """Body-frame target slots that hold no change (left out of the loss)."""
+
+    def indices(self, state_names: Sequence[str]) -> Any:
+        """Where each component sits in ``state_names`` (ValueError naming a missing one)."""
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+def _indices(names: Sequence[str], state_names: Sequence[str]) -> dict[str, int]:
+    where = {name: i for i, name in enumerate(state_names)}
+    missing = [name for name in names if name not in where]
+    if missing:
+        raise ValueError(f"the base's components {missing} are not among the state components")
+    return where
 
 
 @dataclass(frozen=True)
@@ -24,6 +68,7 @@ class FloatingBase:
     orientation: tuple[str, str, str, str]
     linear_velocity: tuple[str, str, str]
     angular_velocity: tuple[str, str, str]
+    kind = FREE
 
     def __post_init__(self) -> None:
         for name, size in (
@@ -42,15 +87,22 @@ class FloatingBase:
         """All thirteen names: position, orientation, linear and angular velocity."""
         return self.position + self.orientation + self.linear_velocity + self.angular_velocity
 
+    @property
+    def angles(self) -> tuple[str, ...]:
+        """None: the orientation is a quaternion."""
+        return ()
+
+    @property
+    def unsupervised(self) -> tuple[str, ...]:
+        """The quaternion's ``qw`` slot: the body-frame change is a rotation vector."""
+        return self.orientation[:1]
+
     def indices(self, state_names: Sequence[str]) -> FloatingBaseIndices:
         """Where each component sits in ``state_names``.
 
         :raises ValueError: a component is missing, naming it.
         """
-        where = {name: i for i, name in enumerate(state_names)}
-        missing = [name for name in self.names if name not in where]
-        if missing:
-            raise ValueError(f"the base's components {missing} are not among the state components")
+        where = _indices(self.names, state_names)
         return FloatingBaseIndices(
             tuple(where[n] for n in self.position),  # type: ignore[arg-type]
             tuple(where[n] for n in self.orientation),  # type: ignore[arg-type]
@@ -58,8 +110,9 @@ class FloatingBase:
             tuple(where[n] for n in self.angular_velocity),  # type: ignore[arg-type]
         )
 
-    def to_dict(self) -> dict[str, list[str]]:
+    def to_dict(self) -> dict[str, Any]:
         return {
+            "kind": self.kind,
             "position": list(self.position),
             "orientation": list(self.orientation),
             "linear_velocity": list(self.linear_velocity),
@@ -67,7 +120,7 @@ class FloatingBase:
         }
 
     @classmethod
-    def from_dict(cls, value: dict[str, Sequence[str]]) -> FloatingBase:
+    def from_dict(cls, value: Mapping[str, Any]) -> FloatingBase:
         return cls(
             tuple(value["position"]),  # type: ignore[arg-type]
             tuple(value["orientation"]),  # type: ignore[arg-type]
@@ -95,3 +148,113 @@ def free_joint_base(joint: str, qpos: str = "qpos", qvel: str = "qvel") -> Float
         tuple(f"{qvel}.{joint}_{c}" for c in ("vx", "vy", "vz")),  # type: ignore[arg-type]
         tuple(f"{qvel}.{joint}_{c}" for c in ("wx", "wy", "wz")),  # type: ignore[arg-type]
     )
+
+
+@dataclass(frozen=True)
+class PlanarBase:
+    """The state component names of a planar base: the slides along x and z and the
+    hinge about +y (pitch), each a ``qpos`` and a ``qvel`` component.
+
+    Fields mirror :class:`FloatingBase`'s: ``position`` (x, z), ``orientation``
+    (pitch), ``linear_velocity`` (vx, vz, world frame) and ``angular_velocity``
+    (the pitch rate).
+    """
+
+    position: tuple[str, str]
+    orientation: tuple[str]
+    linear_velocity: tuple[str, str]
+    angular_velocity: tuple[str]
+    kind = PLANAR
+
+    def __post_init__(self) -> None:
+        for name, size in (
+            ("position", 2),
+            ("orientation", 1),
+            ("linear_velocity", 2),
+            ("angular_velocity", 1),
+        ):
+            value = tuple(getattr(self, name))
+            if len(value) != size:
+                raise ValueError(f"planar base {name} names {size} components, got {list(value)}")
+            object.__setattr__(self, name, value)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """All six names: x, z, pitch, vx, vz, pitch rate."""
+        return self.position + self.orientation + self.linear_velocity + self.angular_velocity
+
+    @property
+    def angles(self) -> tuple[str, ...]:
+        """The pitch: it turns freely once the robot falls."""
+        return self.orientation
+
+    @property
+    def unsupervised(self) -> tuple[str, ...]:
+        return ()
+
+    def indices(self, state_names: Sequence[str]) -> PlanarBaseIndices:
+        """Where each component sits in ``state_names``.
+
+        :raises ValueError: a component is missing, naming it.
+        """
+        where = _indices(self.names, state_names)
+        return PlanarBaseIndices(
+            tuple(where[n] for n in self.position),  # type: ignore[arg-type]
+            tuple(where[n] for n in self.orientation),  # type: ignore[arg-type]
+            tuple(where[n] for n in self.linear_velocity),  # type: ignore[arg-type]
+            tuple(where[n] for n in self.angular_velocity),  # type: ignore[arg-type]
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "position": list(self.position),
+            "orientation": list(self.orientation),
+            "linear_velocity": list(self.linear_velocity),
+            "angular_velocity": list(self.angular_velocity),
+        }
+
+    @classmethod
+    def from_dict(cls, value: Mapping[str, Any]) -> PlanarBase:
+        return cls(
+            tuple(value["position"]),  # type: ignore[arg-type]
+            tuple(value["orientation"]),  # type: ignore[arg-type]
+            tuple(value["linear_velocity"]),  # type: ignore[arg-type]
+            tuple(value["angular_velocity"]),  # type: ignore[arg-type]
+        )
+
+
+@dataclass(frozen=True)
+class PlanarBaseIndices:
+    """A :class:`PlanarBase` as indices into a state vector."""
+
+    position: tuple[int, int]
+    orientation: tuple[int]
+    linear_velocity: tuple[int, int]
+    angular_velocity: tuple[int]
+
+
+def planar_base(joints: Sequence[str], qpos: str = "qpos", qvel: str = "qvel") -> PlanarBase:
+    """The base of planar ``joints`` (slide x, slide z, hinge y, in that order) as
+    ``slhub data collect`` names the components of its ``qpos`` and ``qvel`` features
+    (a slide's or hinge's component is its joint's name: ``qpos.rootx``)."""
+    x, z, pitch = joints
+    return PlanarBase(
+        (f"{qpos}.{x}", f"{qpos}.{z}"),
+        (f"{qpos}.{pitch}",),
+        (f"{qvel}.{x}", f"{qvel}.{z}"),
+        (f"{qvel}.{pitch}",),
+    )
+
+
+def base_from_dict(value: Mapping[str, Any]) -> FloatingBase | PlanarBase:
+    """A stored base (``to_dict``'s form) of its ``kind``; without one, a free joint.
+
+    :raises ValueError: an unknown kind.
+    """
+    kind = value.get("kind", FREE)
+    if kind == FREE:
+        return FloatingBase.from_dict(value)
+    if kind == PLANAR:
+        return PlanarBase.from_dict(value)
+    raise ValueError(f"unknown floating base kind {kind!r} (known: {FREE}, {PLANAR})")

@@ -19,10 +19,23 @@ import numpy as np
 import torch
 
 from slhub import DatasetError
-from slhub.builtin.nerd.base import FloatingBase, free_joint_base
-from slhub.builtin.nerd.frame import BaseFrame
+from slhub.builtin.nerd.base import (
+    PLANAR,
+    FloatingBase,
+    PlanarBase,
+    RobotBase,
+    free_joint_base,
+    planar_base,
+)
+from slhub.builtin.nerd.frame import BaseFrame, frame_of
 from slhub.builtin.nerd.model import NerdLayout
-from slhub.builtin.nerd.sections import ANGLE_FEATURE, ModelSection, NerdDataSection
+from slhub.builtin.nerd.planar_frame import PlanarFrame
+from slhub.builtin.nerd.sections import (
+    ANGLE_FEATURE,
+    ModelSection,
+    NerdDataSection,
+    PlanarBaseSection,
+)
 from slhub.data import Role, TrainingData, wrap_angle
 from slhub.sim import cartpole
 
@@ -36,8 +49,10 @@ ROLES = {
 STATISTICS = ("token_mean", "token_std", "delta_mean", "delta_std")
 #: The smallest standard deviation used to normalize (a constant feature stays finite).
 STD_FLOOR = 1e-6
-#: Where ``slhub data collect`` records a robot's free joint in the store's ``meta.json``
-#: (under ``source``): ``{"joint": ..., "qpos": ..., "qvel": ...}`` (feature names).
+#: Where ``slhub data collect`` records a robot's floating base in the store's
+#: ``meta.json`` (under ``source``): a free joint as ``{"joint": ..., "qpos": ...,
+#: "qvel": ...}`` (feature names), a planar base as ``{"kind": "planar", "joints": [x
+#: slide, z slide, y hinge], "qpos": ..., "qvel": ...}``.
 BASE_KEY = "floating_base"
 
 
@@ -59,7 +74,8 @@ def layout_of(data: TrainingData, model_cfg: ModelSection, robot: str = "") -> N
     frame = model_cfg.frame or ("body" if base is not None else "world")
     if frame == "body" and base is None:
         raise DatasetError(
-            "model.frame: body needs a floating base: name its free joint in model.base"
+            "model.frame: body needs a floating base: name its free joint (root) or "
+            "{planar: [x slide, z slide, y hinge]} in model.base"
         )
     try:
         return NerdLayout.from_names(
@@ -76,15 +92,24 @@ def layout_of(data: TrainingData, model_cfg: ModelSection, robot: str = "") -> N
         raise DatasetError(f"model.angles: {exc}") from None
 
 
-def base_of(data: TrainingData, model_cfg: ModelSection) -> FloatingBase | None:
-    """The robot's floating base among the state components: the free joint
-    ``model.base`` names, else the one ``slhub data collect`` recorded, else none.
+def base_of(data: TrainingData, model_cfg: ModelSection) -> RobotBase | None:
+    """The robot's floating base among the state components: the free joint or planar
+    joints ``model.base`` names, else the base ``slhub data collect`` recorded, else none.
 
-    :raises DatasetError: ``model.base`` names a joint whose components the state lacks;
+    :raises DatasetError: ``model.base`` names joints whose components the state lacks;
         or the state holds quaternion components (``*_qw``) of a base no one named
         and ``model.frame`` is not ``world``.
     """
     state = data.layouts["state"].names
+    if isinstance(model_cfg.base, PlanarBaseSection):
+        planar = find_planar(model_cfg.base.planar, state)
+        if planar is None:
+            wanted = planar_base(model_cfg.base.planar).names
+            raise DatasetError(
+                f"model.base: the state lacks planar joints {model_cfg.base.planar}'s "
+                f"components ({', '.join(wanted)}; the state has: {', '.join(state)})"
+            )
+        return planar
     if model_cfg.base is not None:
         base = find_free_joint(model_cfg.base, state)
         if base is None:
@@ -96,7 +121,16 @@ def base_of(data: TrainingData, model_cfg: ModelSection) -> FloatingBase | None:
         return base
     recorded = getattr(data.dataset, "source", None)
     recorded = recorded.get(BASE_KEY) if isinstance(recorded, dict) else None
-    if isinstance(recorded, dict) and isinstance(recorded.get("joint"), str):
+    if isinstance(recorded, dict) and recorded.get("kind") == PLANAR:
+        joints = recorded.get("joints")
+        if isinstance(joints, list) and len(joints) == 3:
+            found = find_planar(
+                [str(j) for j in joints], state, recorded.get("qpos", "qpos"),
+                recorded.get("qvel", "qvel"),
+            )  # fmt: skip
+            if found is not None:
+                return found
+    elif isinstance(recorded, dict) and isinstance(recorded.get("joint"), str):
         base = find_free_joint(
             recorded["joint"], state, recorded.get("qpos", "qpos"), recorded.get("qvel", "qvel")
         )
@@ -124,6 +158,16 @@ def find_free_joint(
         if all(name in state_names for name in base.names):
             return base
     return None
+
+
+def find_planar(
+    joints: list[str], state_names: tuple[str, ...], qpos: str = "qpos", qvel: str = "qvel"
+) -> PlanarBase | None:
+    """Planar ``joints``' components among ``state_names`` (``qpos.rootx``: a slide's or
+    hinge's ``qpos`` and ``qvel`` components share the joint's name, so the feature
+    prefix is always there), or None when any is missing."""
+    base = planar_base(joints, qpos, qvel)
+    return base if all(name in state_names for name in base.names) else None
 
 
 def _parts(base: FloatingBase) -> tuple[tuple[str, ...], ...]:
@@ -165,9 +209,9 @@ def tokens_of(
     return np.concatenate(parts, axis=-1), delta
 
 
-def body_frame(layout: NerdLayout) -> BaseFrame:
+def body_frame(layout: NerdLayout) -> BaseFrame | PlanarFrame:
     assert layout.base is not None
-    return BaseFrame(layout.base.indices(layout.state_names), len(layout.state_names))
+    return frame_of(layout.base, layout.state_names)
 
 
 def body_changes(states: np.ndarray, layout: NerdLayout) -> np.ndarray:

@@ -23,7 +23,9 @@ linear velocity in world coordinates, the orientation as a unit quaternion
 
 Components other than the base's change as in the world frame. Every function is
 plain torch arithmetic (no in-place writes, no ``linalg``), so the ONNX graph of
-``next_state`` holds the same math.
+``next_state`` holds the same math. A planar base's frame is
+:class:`slhub.builtin.nerd.planar_frame.PlanarFrame`; :func:`frame_of` picks the one
+of a base's kind.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from slhub.builtin.nerd.base import FloatingBaseIndices
+from slhub.builtin.nerd.base import FloatingBaseIndices, PlanarBaseIndices, RobotBase
+from slhub.builtin.nerd.planar_frame import PlanarFrame
 
 #: Gravity's direction in world coordinates (MuJoCo's z axis points up).
 GRAVITY = (0.0, 0.0, -1.0)
@@ -109,6 +112,9 @@ class BaseFrame(nn.Module):
     state dict is the same with or without it.
     """
 
+    #: Gravity's direction in the base frame: x, y and z.
+    gravity_dim = 3
+
     def __init__(self, base: FloatingBaseIndices, state_dim: int) -> None:
         super().__init__()
         columns = base.position + base.orientation + base.linear_velocity + base.angular_velocity
@@ -174,3 +180,11 @@ class BaseFrame(nn.Module):
             rotate_inverse(turn, w0 + dw),
             r0 + dr,
         )
+
+
+def frame_of(base: RobotBase, state_names: tuple[str, ...]) -> BaseFrame | PlanarFrame:
+    """The frame conversions of ``base`` (either kind) in a state named ``state_names``."""
+    where = base.indices(state_names)
+    if isinstance(where, PlanarBaseIndices):
+        return PlanarFrame(where, len(state_names))
+    return BaseFrame(where, len(state_names))

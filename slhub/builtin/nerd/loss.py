@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from slhub import DatasetError
-from slhub.builtin.nerd.base import FloatingBase, free_joint_base
+from slhub.builtin.nerd.base import RobotBase, free_joint_base
 from slhub.builtin.nerd.data import tokens_of, window_offsets
 from slhub.builtin.nerd.measures import MeasureColumns, averaged, step_errors
 from slhub.builtin.nerd.model import NerdArch, NerdLayout, NerdModel
@@ -25,8 +25,9 @@ def loss_mask(arch: NerdArch, layout: NerdLayout, cfg: LossSection) -> torch.Ten
     """``[history, state_dim]`` float mask of supervised (position, component) pairs.
 
     A non-causal model sees the future inside its window, so only its last
-    position is supervised. A body-frame model predicts its orientation change as a
-    rotation vector in the ``qx qy qz`` slots, so its ``qw`` slot is never supervised.
+    position is supervised. A body-frame model of a free joint predicts its orientation
+    change as a rotation vector in the ``qx qy qz`` slots, so its ``qw`` slot is never
+    supervised (the base's ``unsupervised`` slots).
 
     :raises DatasetError: ``loss.features`` names a component the state lacks.
     """
@@ -42,7 +43,8 @@ def loss_mask(arch: NerdArch, layout: NerdLayout, cfg: LossSection) -> torch.Ten
     mask[:, [names.index(name) for name in chosen]] = 1.0
     mask[: cfg.skip_first] = 0.0
     if layout.body and layout.base is not None:
-        mask[:, names.index(layout.base.orientation[0])] = 0.0
+        for name in layout.base.unsupervised:
+            mask[:, names.index(name)] = 0.0
     if not arch.causal:
         mask[:-1] = 0.0
     return mask
@@ -183,7 +185,7 @@ def evaluate(
     return metrics
 
 
-def measured_base(layout: NerdLayout) -> FloatingBase | None:
+def measured_base(layout: NerdLayout) -> RobotBase | None:
     """The floating base the measures judge: the model's own (``model.base`` or the
     dataset's record), else the first free joint whose thirteen components
     ``slhub data collect`` names (``qpos.J_x`` ... ``qpos.J_qz``, ``qvel.J_vx`` ...

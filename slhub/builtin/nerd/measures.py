@@ -10,12 +10,13 @@ NVlabs/neural-robot-dynamics) averages them: every predicted step of the rollout
 counts, from the first to the K-th, over every trajectory (the mean over steps and
 trajectories, not the error at step K alone).
 
-- base position: Euclidean distance of the base's xyz;
+- base position: Euclidean distance of the base's xyz (a planar base's x and z);
 - base orientation: the angle of the rotation from the predicted to the true
   quaternion, ``2 atan2(|v|, |w|)`` of ``q_pred^-1 (x) q_true`` (both normalized
-  first), equal to ``2 acos(|<q_pred, q_true>|)`` but exact near 0 and pi;
+  first), equal to ``2 acos(|<q_pred, q_true>|)`` but exact near 0 and pi; for a
+  planar base, the absolute pitch error wrapped to [-pi, pi);
 - joint position: absolute error averaged over the ``qpos`` components that are not
-  the base's (every one when there is no free base), wrapped to [-pi, pi) for the
+  the base's (every one when there is no base), wrapped to [-pi, pi) for the
   components that are angles (``model.angles``), as NeRD wraps its continuous joints.
   A limited hinge or a slide is not wrapped: its error is its difference.
 
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from slhub.builtin.nerd.base import FloatingBase
+from slhub.builtin.nerd.base import RobotBase
 from slhub.data import wrap_angle
 
 #: The prefix of the state components that are generalized positions.
@@ -42,8 +43,9 @@ NAMES = ("base_position", "base_orientation", "joint_position")
 class MeasureColumns:
     """Where each measure's components sit in a state vector.
 
-    :param position: the base's x, y, z (empty without a base).
-    :param orientation: the base's qw, qx, qy, qz (empty without a base).
+    :param position: the base's x, y, z (a planar base's x, z; empty without a base).
+    :param orientation: the base's qw, qx, qy, qz (a planar base's pitch; empty
+        without a base).
     :param joints: the joint position components.
     :param wrapped: per entry of ``joints``, whether it is an angle to wrap.
     """
@@ -55,7 +57,7 @@ class MeasureColumns:
 
     @classmethod
     def of(
-        cls, state_names: Sequence[str], angles: Sequence[int], base: FloatingBase | None
+        cls, state_names: Sequence[str], angles: Sequence[int], base: RobotBase | None
     ) -> MeasureColumns | None:
         """The columns of a state named ``state_names`` whose ``angles`` (indices) wrap;
         None when the state has no ``qpos`` components (nothing to measure).
@@ -77,7 +79,7 @@ class MeasureColumns:
 
 
 def position_error(predicted: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
-    """Euclidean distance over the last axis (``[..., 3]`` -> ``[...]``)."""
+    """Euclidean distance over the last axis (``[..., 3]`` or ``[..., 2]`` -> ``[...]``)."""
     return torch.linalg.vector_norm(predicted - truth, dim=-1)
 
 
@@ -119,7 +121,10 @@ def step_errors(
     if columns.position:
         where = list(columns.position)
         out["base_position"] = position_error(predicted[..., where], truth[..., where])
-    if columns.orientation:
+    if len(columns.orientation) == 1:
+        where = columns.orientation[0]
+        out["base_orientation"] = wrap_angle(predicted[..., where] - truth[..., where]).abs()
+    elif columns.orientation:
         where = list(columns.orientation)
         out["base_orientation"] = orientation_error(predicted[..., where], truth[..., where])
     if columns.joints:

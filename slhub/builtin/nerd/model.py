@@ -25,8 +25,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from slhub import one_line
-from slhub.builtin.nerd.base import FloatingBase
-from slhub.builtin.nerd.frame import BaseFrame
+from slhub.builtin.nerd.base import RobotBase, base_from_dict
+from slhub.builtin.nerd.frame import BaseFrame, frame_of
+from slhub.builtin.nerd.planar_frame import PlanarFrame
 from slhub.data import json_buffer, read_json_buffer, wrap_angle
 from slhub.sim import cartpole
 
@@ -184,7 +185,8 @@ class NerdLayout:
     sin/cos when ``angle_features``). It travels in the model as ``nerd_layout``.
 
     :param robot: free text naming the robot or dataset (``gymnasium:Hopper-v5``).
-    :param base: the state components of the robot's floating base, if it has one.
+    :param base: the state components of the robot's floating base (a free joint or a
+        planar base), if it has one.
     :param frame: ``body``: inputs and targets in the base frame of each step
         (:mod:`slhub.builtin.nerd.frame`); ``world``: every component as recorded.
         Written to ``nerd_layout`` only with a base, so a layout without one reads
@@ -197,7 +199,7 @@ class NerdLayout:
     angles: tuple[int, ...] = ()
     angle_features: bool = True
     robot: str = ""
-    base: FloatingBase | None = None
+    base: RobotBase | None = None
     frame: str = "world"
 
     def __post_init__(self) -> None:
@@ -215,7 +217,7 @@ class NerdLayout:
                 raise ValueError("a body-frame NeRD layout needs its floating base")
             return
         self.base.indices(self.state_names)
-        wrapped = set(self.base.names) & set(self.angle_names)
+        wrapped = (set(self.base.names) - set(self.base.angles)) & set(self.angle_names)
         if wrapped:
             raise ValueError(f"the floating base's components {sorted(wrapped)} are not angles")
 
@@ -235,7 +237,7 @@ class NerdLayout:
         angles: Sequence[str] = (),
         angle_features: bool = True,
         robot: str = "",
-        base: FloatingBase | None = None,
+        base: RobotBase | None = None,
         frame: str = "world",
     ) -> NerdLayout:
         """A layout whose ``angles`` are given by name (each a state component)."""
@@ -291,7 +293,7 @@ class NerdLayout:
                 [str(n) for n in data.get("angles", [])],  # type: ignore[union-attr]
                 bool(data.get("angle_features", True)),
                 str(data.get("robot", "")),
-                None if base is None else FloatingBase.from_dict(base),  # type: ignore[arg-type]
+                None if base is None else base_from_dict(base),  # type: ignore[arg-type]
                 str(data.get("frame", "world")),
             )
         except (KeyError, TypeError, AttributeError) as exc:
@@ -369,11 +371,11 @@ class NerdModel(nn.Module):
         mask = torch.zeros(arch.state_dim, dtype=torch.bool).index_fill_(0, angles, True)
         self.register_buffer("angle_mask", mask, persistent=False)
         sincos = 2 * len(layout.angles) if layout.angle_features else 0
-        self.frame: BaseFrame | None = None
+        self.frame: BaseFrame | PlanarFrame | None = None
         if layout.body:
             assert layout.base is not None
-            self.frame = BaseFrame(layout.base.indices(layout.state_names), arch.state_dim)
-        gravity = 3 if self.frame is not None else 0
+            self.frame = frame_of(layout.base, layout.state_names)
+        gravity = self.frame.gravity_dim if self.frame is not None else 0
         if gravity:
             self.register_buffer(GRAVITY_KEYS[0], torch.zeros(gravity))
             self.register_buffer(GRAVITY_KEYS[1], torch.ones(gravity))

@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save
 from torch import nn
 
 from slhub import ExportError, atomic_write, one_line
+from slhub.builtin.nerd.base import FREE
 from slhub.builtin.nerd.export_names import EXPORT_FORMAT, KIND, MANIFEST, WEIGHTS
 from slhub.builtin.nerd.model import ARCH_KEY, STAT_KEYS, NerdArch, NerdModel, dtype_name
 from slhub.export import export_file, manifest_json
@@ -57,8 +58,9 @@ def write_export(model: NerdModel, out_dir: Path, provenance: dict[str, Any]) ->
         "output_names": list(layout.output_names),
         "output": "next state; the angle components are wrapped to [-pi, pi)"
         + (
-            "; world coordinates, learned in the floating base's frame (its quaternion a unit one)"
-            if layout.body
+            "; world coordinates, learned in the floating base's frame"
+            + (" (its quaternion a unit one)" if layout.base.kind == FREE else "")
+            if layout.body and layout.base is not None
             else ""
         ),
         "normalization": {

@@ -20,15 +20,46 @@ lengths against horizons) are made in ``build_model``.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from slhub.builtin.nerd.model import LAYOUT_FEATURE_SET, NerdArch, NerdLayout
 from slhub.data import CartpoleDataSection
 
 #: The cart-pole's state component that is an angle (fed as sin/cos, wrapped).
 ANGLE_FEATURE = "theta"
+
+
+class PlanarBaseSection(BaseModel):
+    """``model.base: {planar: [rootx, rootz, rooty]}``: a planar base's three joints, a
+    slide along x, a slide along z and a hinge about +y, in that order."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    planar: list[str]
+
+
+#: How ``model.base`` is written, for the one line that refuses another form.
+BASE_FORMS = "a free joint (root) or {planar: [x slide, z slide, y hinge]}"
+
+
+def _base(value: Any) -> Any:
+    """``model.base`` checked before the union parses it, so a bad one is one message."""
+    if value is None or isinstance(value, PlanarBaseSection):
+        return value
+    if isinstance(value, str) and value:
+        return value
+    if isinstance(value, dict) and set(value) == {"planar"}:
+        joints = value["planar"]
+        if (
+            isinstance(joints, list | tuple)
+            and len(joints) == 3
+            and all(isinstance(j, str) and j for j in joints)
+            and len(set(joints)) == 3
+        ):
+            return PlanarBaseSection(planar=list(joints))
+    raise ValueError(f"{value!r}: name {BASE_FORMS} (three different joints)")
 
 
 class ModelSection(BaseModel):
@@ -49,11 +80,11 @@ class ModelSection(BaseModel):
         "theta for the cart-pole, none for a dataset",
     )
     angle_features: bool = True
-    base: str | None = Field(
+    base: Annotated[str | PlanarBaseSection | None, BeforeValidator(_base)] = Field(
         default=None,
-        min_length=1,
-        description="the free joint that is the robot's floating base (root); default: "
-        "the one slhub data collect recorded in the dataset, else none",
+        description="the robot's floating base: a free joint's name (root), or {planar: "
+        "[x slide, z slide, y hinge]}; default: the one slhub data collect recorded in the "
+        "dataset, else none",
     )
     frame: Literal["body", "world"] | None = Field(
         default=None,
