@@ -18,8 +18,12 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
+#: slhub's own tests folder: its helpers run the CLI and torchrun as slhub's tests do,
+#: also when pytest runs from this plugin's folder alone.
+SLHUB_TESTS = HERE.parents[2] / "tests"
+for folder in (HERE, SLHUB_TESTS):
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
 
 #: The server stops by itself after this long, even if pytest is killed.
 SERVER_LIFETIME_S = 1800
