@@ -4,6 +4,7 @@ which builds its own parser), map SlhubError to one line and exit 2.
 slhub train --config RECIPE.yaml [--set a.b=VALUE ...] [--resume CKPT|auto] [--overwrite]
             [--allow-source-change] [--allow-dataset-change] [--log-format console|json]
 slhub launch [torchrun options] train ...   (slhub.launch: torch's elastic agent)
+slhub sweep --config SWEEP.yaml [--summary [--top K]]   (slhub.sweep: Optuna)
 slhub plugins
 slhub inspect CKPT
 slhub export --checkpoint CKPT --out DIR [--plugin NAME] [--onnx]

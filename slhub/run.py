@@ -233,14 +233,7 @@ def _admit(
         if isinstance(admitted, Exception):
             raise admitted
         recipe = admitted
-        plugins = registry.build_manager(recipe.plugin, recipe.plugins, recipe.objects)
-        sections: dict[str, Any] = {}
-        for part in plugins.hook.recipe_sections():
-            for name, model in (part or {}).items():
-                if name in sections or name in CORE_KEYS:
-                    raise PluginError(f"recipe section {name!r} is claimed twice")
-                sections[name] = model
-        recipe.validate_sections(sections)
+        plugins = validate_sections(recipe)
         # before the run directory exists: a run never writes into a dataset it reads
         from slhub.data.training import check_output_dir  # the data layer, when a run has data
 
@@ -276,6 +269,21 @@ def _admit(
             loop.close()
         return run_lock, None, None, _logged(exc)
     return run_lock, loop, plan, None
+
+
+def validate_sections(recipe: Recipe) -> registry.Plugins:
+    """The run's plugins, with every plugin section of ``recipe`` validated against the
+    models they declare: what admission checks of a recipe before anything is written
+    (``slhub sweep`` checks its search space with it)."""
+    plugins = registry.build_manager(recipe.plugin, recipe.plugins, recipe.objects)
+    sections: dict[str, Any] = {}
+    for part in plugins.hook.recipe_sections():
+        for name, model in (part or {}).items():
+            if name in sections or name in CORE_KEYS:
+                raise PluginError(f"recipe section {name!r} is claimed twice")
+            sections[name] = model
+    recipe.validate_sections(sections)
+    return plugins
 
 
 def _agree_or_raise(error: BaseException | None, device: torch.device) -> None:

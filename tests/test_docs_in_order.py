@@ -91,6 +91,7 @@ SKIPPED: dict[str, str] = {
     "docs/launch.md: SLURM script sl_ddp": SLURM,
     "docs/launch.md: OMP_NUM_THREADS=1 slhub launch --nnodes=2 --nproc-per-node=…": MULTI_NODE,
     'docs/nerd.md: pip install -e ".[dev]"': INSTALL,
+    'docs/sweeps.md: pip install -e ".[sweep]"': INSTALL,
     "docs/nerd.md: python -m pytest tests/test_nerd_model.py tests/test_nerd_tra…": TESTS,
     "examples/sl_ddp/README.md: CUDA_VISIBLE_DEVICES=0,1 OMP_NUM_THREADS=1 torch…": GPU,
     "plugins/bc/README.md: pip install -e plugins/bc": INSTALL,
@@ -675,6 +676,8 @@ def check(command: Command, call: Invocation, files: Files) -> str:
         for run_dir in args.run_dirs:
             if not files.produced(run_dir, doc):
                 raise Refused(f"it plots {run_dir}, which no earlier command of the page wrote")
+    if name == "sweep":
+        return check_sweep(args, doc, identity, files)
     if name == "data" and args.data_command in ("info", "check", "convert"):
         if not files.produced(args.path, doc):
             raise Refused(f"it reads {args.path}, which is neither a repository file nor made")
@@ -684,6 +687,23 @@ def check(command: Command, call: Invocation, files: Files) -> str:
     if destination is not None:
         _claim(destination, doc, identity, files)
     return f"slhub {name}"
+
+
+def check_sweep(args: argparse.Namespace, doc: str, identity: str, files: Files) -> str:
+    """A sweep: its file and search space validate against its recipe, and it writes a
+    new output_dir; ``--summary`` reads one an earlier command of the page wrote."""
+    from slhub.sweep import load_sweep
+    from slhub.sweep.space import checked_recipe
+
+    sweep = load_sweep(args.config)
+    out = os.path.normpath(sweep.output_dir)
+    if args.summary:
+        if not files.produced(out, doc):
+            raise Refused(f"it summarizes {out}, which no earlier command of the page wrote")
+        return "slhub sweep --summary"
+    checked_recipe(sweep)
+    _claim(out, doc, identity, files)
+    return f"slhub sweep writes {out}"
 
 
 def _claim(destination: str, doc: str, identity: str, files: Files) -> None:
@@ -806,7 +826,8 @@ def _copy_runs(files: Files) -> Files:
 
 
 def test_help_lists_only_the_exit_statuses_a_command_can_return():
-    """75 and 128+N come from stop signals, which only a training honours."""
+    """75 and 128+N come from stop signals, which only a training honours (75 also from
+    a sweep, whose trial is a training)."""
     from slhub.cli import build_parser
 
     parser = build_parser()
@@ -816,7 +837,7 @@ def test_help_lists_only_the_exit_statuses_a_command_can_return():
         if name == "launch":
             continue
         assert "exit status:" in epilog, name
-        assert ("75 " in epilog) == (name == "train"), name
+        assert ("75 " in epilog) == (name in ("train", "sweep")), name  # a sweep's trial
         assert ("128+N" in epilog) == (name == "train"), name
 
 

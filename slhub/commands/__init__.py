@@ -16,7 +16,7 @@ from types import ModuleType
 from typing import Any
 
 #: The commands, in the order ``slhub --help`` lists them (each a module of this package).
-NAMES = ("train", "launch", "plugins", "inspect", "export", "eval", "plot", "data")
+NAMES = ("train", "launch", "sweep", "plugins", "inspect", "export", "eval", "plot", "data")
 
 EXIT_CODES = """exit status:
   0    done
