@@ -17,7 +17,7 @@ each trial is a run in OUTPUT_DIR/trial_NNN; the study is in OUTPUT_DIR/study.db
 the sweep file names a storage. A killed sweep continues when the same command is rerun:
 finished trials are kept and an interrupted trial resumes from its checkpoint.
 
-needs optuna: pip install 'slhub[sweep]' (docs/sweeps.md)
+needs optuna: pip install 'slhub[sweep]' (docs/trackers.md)
 
 exit status:
   0    done (every trial of the budget finished) or the summary printed

@@ -6,7 +6,7 @@ anything is written (:mod:`slhub.sweep.space`). Each trial is an ordinary run in
 own directory (:mod:`slhub.sweep.trial`); the study lives in an Optuna storage, and
 a killed sweep rerun with the same command continues it (:mod:`slhub.sweep.study`).
 ``--summary`` prints the trials and writes the best recipe (:mod:`slhub.sweep.summary`).
-docs/sweeps.md is the user's guide.
+docs/trackers.md is the user's guide.
 """
 
 from __future__ import annotations

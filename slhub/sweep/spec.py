@@ -189,7 +189,7 @@ class Pruner(BaseModel):
 
 
 class SweepFile(BaseModel):
-    """The sweep file's keys (docs/sweeps.md documents each)."""
+    """The sweep file's keys (docs/trackers.md documents each)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
