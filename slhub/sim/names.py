@@ -88,6 +88,11 @@ def body_names(model: Any) -> tuple[str, ...]:
     return _unique([model.body(i).name or f"body{i}" for i in range(1, model.nbody)])
 
 
+def geom_names(model: Any) -> tuple[str, ...]:
+    """Every geom's name, in the model's order (``geom<i>`` when unnamed)."""
+    return _unique([model.geom(i).name or f"geom{i}" for i in range(model.ngeom)])
+
+
 def _unique(names: list[str]) -> tuple[str, ...]:
     seen = {n: names.count(n) for n in names}
     return tuple(f"{n}_{i}" if seen[n] > 1 else n for i, n in enumerate(names))

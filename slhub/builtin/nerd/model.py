@@ -26,6 +26,7 @@ from torch import nn
 
 from slhub import one_line
 from slhub.builtin.nerd.base import FloatingBase
+from slhub.builtin.nerd.contacts import ContactFrame, slot_columns
 from slhub.builtin.nerd.frame import BaseFrame
 from slhub.data import json_buffer, read_json_buffer, wrap_angle
 from slhub.sim import cartpole
@@ -189,6 +190,10 @@ class NerdLayout:
         (:mod:`slhub.builtin.nerd.frame`); ``world``: every component as recorded.
         Written to ``nerd_layout`` only with a base, so a layout without one reads
         back as the world frame.
+    :param contact_slots: the extra components that are contact slots
+        (:mod:`slhub.builtin.nerd.contacts`), eight names each: point, normal, depth,
+        active. A body-frame model turns them into each step's base frame. Written to
+        ``nerd_layout`` only when there are some.
     """
 
     state_names: tuple[str, ...]
@@ -199,10 +204,15 @@ class NerdLayout:
     robot: str = ""
     base: FloatingBase | None = None
     frame: str = "world"
+    contact_slots: tuple[tuple[str, ...], ...] = ()
 
     def __post_init__(self) -> None:
         for key in ("state_names", "action_names", "extra_names", "angles"):
             object.__setattr__(self, key, tuple(getattr(self, key)))
+        object.__setattr__(self, "contact_slots", tuple(tuple(s) for s in self.contact_slots))
+        for slot in self.contact_slots:
+            if len(slot) != 8 or not set(slot) <= set(self.extra_names):
+                raise ValueError(f"NeRD contact slot {list(slot)}: eight extra components")
         names = self.input_names
         if len(set(names)) != len(names):
             raise ValueError(f"NeRD feature names repeat: {list(names)}")
@@ -237,6 +247,7 @@ class NerdLayout:
         robot: str = "",
         base: FloatingBase | None = None,
         frame: str = "world",
+        contact_slots: Sequence[Sequence[str]] = (),
     ) -> NerdLayout:
         """A layout whose ``angles`` are given by name (each a state component)."""
         missing = [a for a in angles if a not in state_names]
@@ -248,7 +259,7 @@ class NerdLayout:
         indices = tuple(sorted(list(state_names).index(a) for a in angles))
         return cls(
             tuple(state_names), tuple(action_names), tuple(extra_names), indices,
-            angle_features, robot, base, frame,
+            angle_features, robot, base, frame, tuple(tuple(s) for s in contact_slots),
         )  # fmt: skip
 
     @property
@@ -275,9 +286,12 @@ class NerdLayout:
         out["angles"] = list(self.angle_names)
         out.pop("base")
         out.pop("frame")
+        out.pop("contact_slots")
         if self.base is not None:
             out["base"] = self.base.to_dict()
             out["frame"] = self.frame
+        if self.contact_slots:
+            out["contact_slots"] = [list(slot) for slot in self.contact_slots]
         return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
 
     @classmethod
@@ -293,6 +307,7 @@ class NerdLayout:
                 str(data.get("robot", "")),
                 None if base is None else FloatingBase.from_dict(base),  # type: ignore[arg-type]
                 str(data.get("frame", "world")),
+                [[str(n) for n in slot] for slot in data.get("contact_slots", [])],  # type: ignore[attr-defined]
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"nerd_layout is damaged ({one_line(exc)})") from None
@@ -373,6 +388,10 @@ class NerdModel(nn.Module):
         if layout.body:
             assert layout.base is not None
             self.frame = BaseFrame(layout.base.indices(layout.state_names), arch.state_dim)
+        self.contacts: ContactFrame | None = None
+        if self.frame is not None and layout.contact_slots:
+            columns = slot_columns(layout.contact_slots, layout.input_names)
+            self.contacts = ContactFrame(columns, features)
         gravity = 3 if self.frame is not None else 0
         if gravity:
             self.register_buffer(GRAVITY_KEYS[0], torch.zeros(gravity))
@@ -446,9 +465,10 @@ class NerdModel(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Normalized state change predicted at every position.
 
-        A body-frame model converts the (world) tokens into each step's base frame
-        first, appends gravity's direction in it, and predicts the change in the
-        base frame of the step it starts from (:mod:`slhub.builtin.nerd.frame`).
+        A body-frame model converts the (world) tokens, their state and contact slots,
+        into each step's base frame first, appends gravity's direction in it, and
+        predicts the change in the base frame of the step it starts from
+        (:mod:`slhub.builtin.nerd.frame`).
 
         :param tokens: ``[batch, length, state_dim + action_dim]`` with ``length <= history``.
         :returns: ``[batch, length, state_dim]``.
@@ -456,6 +476,8 @@ class NerdModel(nn.Module):
         length = tokens.shape[1]
         gravity = None
         if self.frame is not None:
+            if self.contacts is not None:
+                tokens = self.contacts.to_body(tokens, *self.frame.pose(tokens))
             tokens, gravity = self.frame.inputs(tokens)
         x = (tokens - self.input_mean) / self.input_std
         if self.layout.angle_features and self.layout.angles:
