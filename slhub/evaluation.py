@@ -15,8 +15,9 @@ what the model is:
   the recipe's ``time_budget_s`` is dropped, so all N episodes run;
 - a learned simulator (a model reading recorded episodes, whose ``data`` section has a
   ``path``): fresh episodes are collected from the simulator first (fresh initial
-  states from the simulator's resets, with ``--actions``), so it is judged against the
-  real one on trajectories it never saw; a simulator (or a ``--set data.path=...``
+  states from the simulator's resets, with ``--actions``, recording the contact inputs
+  the run's dataset recorded), so it is judged against the real one on trajectories it
+  never saw; a simulator (or a ``--set data.path=...``
   dataset) whose components differ from the ones the model was trained on (another
   robot) is refused in one line naming both;
 - anything else (RigidFormer's generated scenes, a synthetic corpus): ``--env`` is refused.
@@ -148,7 +149,10 @@ def prepared(
             validation["env"] = settings
             recipe["validation"] = validation
         elif env is not None:
-            collected = _collect(env, episodes, steps or 200, seed, actions, through_termination)
+            collected = _collect(
+                env, episodes, steps or 200, seed, actions, through_termination,
+                _contact_kinds(ckpt),
+            )  # fmt: skip
             data = dict(recipe.get("data") or {})
             data["path"] = str(collected / "episodes")
             # the statistics are the checkpoint's; episode 0 only fills the training role
@@ -351,8 +355,25 @@ def _source_of(path: Any) -> str:
     return shown(env) if env else shown(path)
 
 
+def _contact_kinds(ckpt: checkpoint.Checkpoint) -> str:
+    """The contact inputs (``collect``'s ``contacts``) the run's dataset recorded: the
+    kinds whose feature its fingerprint lists, else ``force``."""
+    from slhub.sim.contacts import KINDS
+
+    recorded = ((ckpt.run or {}).get("datasets") or {}).get("data") or {}
+    features = (recorded.get("fingerprint") or {}).get("features") or {}
+    kinds = [kind for kind, feature in KINDS.items() if feature in features]
+    return ",".join(kinds) or "force"
+
+
 def _collect(
-    env: str, episodes: int, steps: int, seed: int, actions: str, through_termination: bool
+    env: str,
+    episodes: int,
+    steps: int,
+    seed: int,
+    actions: str,
+    through_termination: bool,
+    contacts: str = "force",
 ) -> Path:
     from slhub.sim import collect
 
@@ -362,7 +383,7 @@ def _collect(
     try:
         collect(
             folder / "episodes", env, episodes=episodes + 1, steps=steps, actions=actions,
-            seed=seed, through_termination=through_termination,
+            seed=seed, through_termination=through_termination, contacts=contacts,
         )  # fmt: skip
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)

@@ -113,6 +113,8 @@ def test_the_dataset_opens_passes_check_and_records_its_source(hopper: Path):
         "smooth",
     )
     assert source["versions"]["mujoco"] == mujoco.__version__
+    assert source["contacts"] == ["force"] and "contact_geometry" not in source
+    assert "contact_geometry" not in spec
     contact = np.concatenate([dataset.episode(e)["contact"] for e in range(4)])
     assert (contact[:, -1] > 0).any() and (contact >= 0).all()  # the foot lands
     simulator.close()
@@ -365,6 +367,7 @@ def test_a_killed_collect_leaves_no_dataset_and_no_temporary_folder(tmp_path: Pa
         (["--seed", "-1"], "--seed -1: an integer >= 0"),
         (["--render", "--camera", "overhead"], "--camera 'overhead': the model has no such"),
         (["--actions", "wild"], "invalid choice: 'wild'"),
+        (["--contacts", "torque"], "--contacts 'torque': force, geometry or both"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path: Path, args, expected):

@@ -114,7 +114,7 @@ def test_gymnasium_make_and_a_warm_start_of_real_steps():
     [
         ("state", "needs exactly its qpos and qvel"),
         ("action", "has 1 controls"),
-        ("extra", "computes only 'contact.<body>'"),
+        ("extra", r"\['contact.torso'\] are not contact inputs of a learned InvertedPendulum"),
     ],
 )
 def test_an_export_of_another_robot_is_refused_in_one_line(change: str, words: str):
@@ -159,6 +159,36 @@ def test_contact_inputs_are_computed_from_the_state_as_collect_records_them():
         _TruthSimulator.step = step
     np.testing.assert_array_equal(np.array(seen), np.array(wanted))
     assert np.array(seen)[:, -1].max() > 0  # the foot touched the floor
+    learned.close()
+
+
+def test_contact_geometry_inputs_are_computed_from_the_state_as_collect_records_them():
+    """Hopper-v5 with the contact slots as extra inputs (bare names, as one extra feature
+    names them): each step's extra is the slots of the state it starts from."""
+    from slhub.sim.contacts import contact_geometry, contact_geoms, geometry_names
+
+    model = gymnasium.make("Hopper-v5").unwrapped.model
+    export = TruthExport("Hopper-v5", extra=geometry_names(model))
+    seen: list[np.ndarray] = []
+    step = _TruthSimulator.step
+
+    def recording(self: _TruthSimulator, action: torch.Tensor) -> torch.Tensor:
+        seen.append(action[0, model.nu :].numpy().copy())
+        return step(self, action)
+
+    learned = LearnedEnv("Hopper-v5", export)
+    learned.reset(seed=0)
+    raw = learned.env.unwrapped
+    wanted = []
+    _TruthSimulator.step = recording
+    try:
+        for _ in range(30):
+            wanted.append(contact_geometry(raw.model, raw.data, contact_geoms(raw.model)))
+            learned.step(np.zeros(3))
+    finally:
+        _TruthSimulator.step = step
+    np.testing.assert_array_equal(np.array(seen), np.array(wanted))
+    assert np.array(seen)[:, -1].max() == 1.0  # the foot's slot became active
     learned.close()
 
 

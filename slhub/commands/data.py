@@ -21,7 +21,9 @@ COLLECT_EXAMPLES = """examples:
 
 Per step: observation, action, reward, terminated, truncated, qpos, qvel (named after
 the joints), sim_state (mj_getState: restore it and replay the actions bit for bit),
-contact (per-body normal force, where geoms can touch), image (with --render). The same
+contact (per-body normal force, where geoms can touch; --contacts geometry records
+contact_geometry instead: per contact slot the point, normal, depth and an active mask),
+image (with --render). The same
 command writes a byte-identical dataset. Experts for --policy: slhub.sim.experts:inverted_pendulum
 (InvertedPendulum-v5), slhub.sim.experts:reacher (Reacher-v5). Needs mujoco and gymnasium:
 pip install 'slhub[sim]'
@@ -132,6 +134,14 @@ def _add_collect(actions: Any) -> None:
         help="keep simulating after the env terminates (the robot fell; terminated still "
         "marks those steps): a learned simulator needs the falls too",
     )
+    collect.add_argument(
+        "--contacts",
+        default="force",
+        metavar="KIND",
+        help="contact inputs, where geoms can touch: force (per-body normal force, feature "
+        "contact; the default), geometry (per contact slot: point, normal, depth, active; "
+        "feature contact_geometry) or force,geometry",
+    )
     collect.add_argument("--render", action="store_true", help="record an RGB image per step")
     collect.add_argument(
         "--camera",
@@ -169,6 +179,7 @@ def run(args: argparse.Namespace) -> None:
                 size=args.size,
                 progress=True,
                 through_termination=args.through_termination,
+                contacts=args.contacts,
             )
         )
     else:

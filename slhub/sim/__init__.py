@@ -23,6 +23,10 @@ simulator does, and names the extra in one line when they are missing.
   :class:`~slhub.sim.learned.LearnedEnv` (``slhub/Learned-v0``) runs a gymnasium MuJoCo
   env's own observation, reward and termination code on the predicted states, to train
   a policy inside the learned simulator; ``import slhub.sim.learned`` (needs gymnasium).
+- :mod:`slhub.sim.contacts` — contact inputs of a state (per-body forces, or contact
+  slots: point, normal, depth, active), as collect records them and as a learned
+  simulator computes them from its predicted state
+  (:class:`StateContacts`; :data:`CONTACT_COMPONENTS`, a slot's components).
 - :mod:`slhub.sim.names` — component names from a MuJoCo model's joints and actuators.
 - :mod:`slhub.sim.experts` — demonstrators for ``--policy``: an LQR for
   InvertedPendulum-v5 (``slhub.sim.experts:inverted_pendulum``) and inverse kinematics
@@ -33,6 +37,8 @@ from slhub.errors import SimulatorError
 from slhub.sim import cartpole
 from slhub.sim.actions import KNOT_EVERY, SOURCES, load_policy
 from slhub.sim.collect import FORMAT, Collection, collect
+from slhub.sim.contacts import COMPONENTS as CONTACT_COMPONENTS
+from slhub.sim.contacts import ContactInputs, StateContacts
 from slhub.sim.gymnasium_mujoco import GymnasiumMujoco
 from slhub.sim.names import actuator_names, body_names, joint_names, qpos_names, qvel_names
 from slhub.sim.rollout import ROLLOUT_FEATURES, Camera, Rollouts, reset_seeds, rollout_policy
@@ -40,6 +46,7 @@ from slhub.sim.simulator import SIMULATOR_GROUP, Simulator, Step, open_simulator
 from slhub.sim.video import write_video
 
 __all__ = [
+    "CONTACT_COMPONENTS",
     "FORMAT",
     "KNOT_EVERY",
     "ROLLOUT_FEATURES",
@@ -47,10 +54,12 @@ __all__ = [
     "SOURCES",
     "Camera",
     "Collection",
+    "ContactInputs",
     "GymnasiumMujoco",
     "Rollouts",
     "Simulator",
     "SimulatorError",
+    "StateContacts",
     "Step",
     "actuator_names",
     "body_names",

@@ -16,7 +16,11 @@ feature           per step
 ``qvel``          float64, likewise
 ``sim_state``     float64, ``mj_getState(mjSTATE_INTEGRATION)``: restore it, apply
                   ``action[t:]``, and the episode replays bit for bit
-``contact``       float64 per body, the normal contact force (only where geoms can touch)
+``contact``       float64 per body, the normal contact force (only where geoms can touch;
+                  ``--contacts force``, the default)
+``contact_geometry`` float64, eight per contact slot: the point on the robot, the normal,
+                  the depth and an active mask (only where geoms can touch; ``--contacts
+                  geometry``; :mod:`slhub.sim.contacts`)
 ``image``         uint8 ``size x size x 3`` (only with ``render``)
 ================  ======================================================================
 
@@ -47,6 +51,7 @@ import numpy as np
 from slhub.data import ArrayEpisodes, write_store
 from slhub.errors import DatasetError, SimulatorError, SlhubError, one_line
 from slhub.sim.actions import KNOT_EVERY, ActionSource, Policy, make_source
+from slhub.sim.contacts import COMPONENTS, KINDS
 from slhub.sim.names import planar_root
 from slhub.sim.render import FOLLOW
 from slhub.sim.simulator import Simulator, open_simulator
@@ -85,6 +90,7 @@ def collect(
     size: int = 64,
     progress: bool = False,
     through_termination: bool = False,
+    contacts: str = "force",
 ) -> Collection:
     """Collect ``episodes`` episodes of at most ``steps`` steps of ``env`` (``PREFIX:ENV``)
     into a new store at ``destination``.
@@ -96,6 +102,9 @@ def collect(
     :param through_termination: keep simulating after the env terminates (the robot fell):
         a learned simulator needs the falls too; ``terminated`` still marks those steps
         and only the time limit ends an episode.
+    :param contacts: the contact inputs recorded where geoms can touch: ``force``
+        (feature ``contact``), ``geometry`` (``contact_geometry``) or both
+        (``force,geometry``); :mod:`slhub.sim.contacts`.
     :raises DatasetError: ``destination`` exists.
     :raises SimulatorError: an unknown env, a missing library, a bad argument or policy,
         or a policy that raises (named with the episode and step; nothing is written).
@@ -104,19 +113,24 @@ def collect(
     for name, value, low in (("--episodes", episodes, 1), ("--steps", steps, 1)):
         _check_int(name, value, low)
     _check_int("--seed", seed, 0)
+    kinds = contact_kinds(contacts)
     if render:
         _check_int("--size", size, 1)
     if destination.exists():
         raise DatasetError(f"{destination}: exists; collect writes a new directory")
     simulator = open_simulator(env, max_steps=steps)
     try:
+        if "geometry" in kinds and not hasattr(simulator, "contact_geometry"):
+            raise SimulatorError(
+                f"--contacts geometry: simulator {simulator.name} records no contact geometry"
+            )
         source = make_source(actions, simulator, policy=policy, noise=noise)
         if render:
             simulator.render(camera, size)  # an unknown camera or no GL: refused before simulating
         with _signals_unwind():
             recorded = _roll_out(
                 simulator, source, episodes, steps, seed, render, camera, size, progress,
-                through_termination,
+                through_termination, kinds,
             )  # fmt: skip
             dataset = ArrayEpisodes(
                 recorded, fps=1.0 / simulator.dt, names=_names(simulator, recorded[0])
@@ -136,6 +150,7 @@ def collect(
                 "through_termination": bool(through_termination),
                 "versions": dict(simulator.versions),
                 "floating_base": floating_base(simulator),
+                **contact_provenance(simulator, recorded[0]),
             }
             write_store(dataset, destination, provenance=provenance)
     finally:
@@ -154,6 +169,7 @@ def _roll_out(
     size: int,
     progress: bool,
     through_termination: bool = False,
+    kinds: tuple[str, ...] = ("force",),
 ) -> list[dict[str, np.ndarray]]:
     bar = _bar(episodes) if progress and sys.stderr.isatty() else None
     out = []
@@ -170,9 +186,14 @@ def _roll_out(
                     "qvel": simulator.qvel,
                     "sim_state": simulator.state(),
                 }
-                contact = simulator.contact()
-                if contact is not None:
-                    record["contact"] = contact
+                if "force" in kinds:
+                    contact = simulator.contact()
+                    if contact is not None:
+                        record[KINDS["force"]] = contact
+                if "geometry" in kinds:
+                    geometry = simulator.contact_geometry()  # type: ignore[attr-defined]
+                    if geometry is not None:
+                        record[KINDS["geometry"]] = geometry
                 if render:
                     record["image"] = simulator.render(camera, size)
                 try:
@@ -213,8 +234,36 @@ def _names(simulator: Simulator, episode: dict[str, np.ndarray]) -> dict[str, tu
         "policy_action": simulator.action_names,
     }
     if simulator.contact_names is not None:
-        names["contact"] = simulator.contact_names
+        names[KINDS["force"]] = simulator.contact_names
+    slots = getattr(simulator, "contact_slots", None)
+    if slots is not None:
+        names[KINDS["geometry"]] = tuple(f"{slot}_{c}" for slot in slots for c in COMPONENTS)
     return {key: value for key, value in names.items() if key in episode}
+
+
+def contact_kinds(contacts: str) -> tuple[str, ...]:
+    """``--contacts`` as kinds (``force,geometry`` -> both, in :data:`KINDS` order).
+
+    :raises SimulatorError: an unknown kind.
+    """
+    given = [k.strip() for k in str(contacts).split(",")]
+    if not given or any(k not in KINDS for k in given):
+        raise SimulatorError(f"--contacts {contacts!r}: force, geometry or both (force,geometry)")
+    return tuple(k for k in KINDS if k in given)
+
+
+def contact_provenance(simulator: Simulator, episode: dict[str, np.ndarray]) -> dict[str, Any]:
+    """``meta.json``'s record of the contact inputs: ``contacts`` lists the kinds
+    recorded; ``contact_geometry`` names the feature, its slots and their components."""
+    kinds = [kind for kind, feature in KINDS.items() if feature in episode]
+    out: dict[str, Any] = {"contacts": kinds}
+    if "geometry" in kinds:
+        out["contact_geometry"] = {
+            "feature": KINDS["geometry"],
+            "slots": list(simulator.contact_slots),  # type: ignore[attr-defined]
+            "components": list(COMPONENTS),
+        }
+    return out
 
 
 def floating_base(simulator: Simulator) -> dict[str, Any] | None:

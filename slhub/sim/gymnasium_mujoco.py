@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from slhub.errors import SimulatorError, one_line
+from slhub.sim.contacts import body_contact_forces, contact_geometry, contact_geoms, slot_names
 from slhub.sim.names import actuator_names, body_names, joint_names, qpos_names, qvel_names
 from slhub.sim.render import FOLLOW, OffscreenCamera, import_mujoco
 from slhub.sim.simulator import Step
@@ -64,6 +65,8 @@ class GymnasiumMujoco:
         self.qvel_names = qvel_names(model)
         self.action_names = actuator_names(model)
         self.contact_names = body_names(model) if _can_collide(model) else None
+        self.contact_slots = slot_names(model) if self.contact_names is not None else None
+        self._slot_geoms = contact_geoms(model)
         limited = np.asarray(model.actuator_ctrllimited, dtype=bool)
         ranges = np.array(model.actuator_ctrlrange, dtype=np.float64).reshape(model.nu, 2)
         ranges[~limited] = (-np.inf, np.inf)
@@ -143,6 +146,13 @@ class GymnasiumMujoco:
             return None
         return body_contact_forces(self._mujoco, self.model, self._synced())
 
+    def contact_geometry(self) -> np.ndarray | None:
+        """The contact slots of :attr:`contact_slots` at the current state
+        (:mod:`slhub.sim.contacts`), or None when no two geoms can collide."""
+        if self.contact_slots is None:
+            return None
+        return contact_geometry(self.model, self._synced(), self._slot_geoms)
+
     def render(self, camera: str = FOLLOW, size: int = 64) -> np.ndarray:
         key = (camera, int(size))
         if key not in self._cameras:
@@ -162,25 +172,6 @@ class GymnasiumMujoco:
             self._mujoco.mj_forward(self.model, self._view)
             self._view_fresh = True
         return self._view
-
-
-def body_contact_forces(mujoco: Any, model: Any, data: Any) -> np.ndarray:
-    """Per body (world left out), the summed normal force of the active contacts that
-    touch one of its geoms in forward-computed ``data`` (a contact between two bodies
-    counts for both): the ``contact`` feature of ``slhub data collect``."""
-    forces = np.zeros(model.nbody - 1, dtype=np.float64)
-    wrench = np.zeros(6, dtype=np.float64)
-    bodies = model.geom_bodyid
-    for index in range(data.ncon):
-        touch = data.contact[index]
-        if touch.efc_address < 0:
-            continue
-        mujoco.mj_contactForce(model, data, index, wrench)
-        for geom in (touch.geom1, touch.geom2):
-            body = int(bodies[geom])
-            if body > 0:
-                forces[body - 1] += abs(wrench[0])
-    return forces
 
 
 def _can_collide(model: Any) -> bool:

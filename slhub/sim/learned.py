@@ -19,10 +19,11 @@ otherwise):
   :mod:`slhub.sim.names`), in any order;
 - its action has one component per actuator; actions are clipped to the control
   range first, as MuJoCo clamps them;
-- its extra inputs, if any, are ``contact.<body>`` components: each step computes
-  them from the current state the way collect records them (per body, the summed
-  normal force of its active contacts after ``mj_forward``); other extra inputs are
-  refused;
+- its extra inputs, if any, are contact inputs: ``contact.<body>`` (per body, the
+  summed normal force of its active contacts) or ``contact_geometry.<slot>_<component>``
+  (the contact slots' point, normal, depth and active mask); each step computes them
+  from the current (predicted, forward-computed) state the way collect records them
+  (:mod:`slhub.sim.contacts`); other extra inputs are refused;
 - the model has no actuator activations (``model.na == 0``): its state would not be
   ``qpos`` and ``qvel`` alone.
 
@@ -53,14 +54,12 @@ from typing import Any
 import numpy as np
 
 from slhub.errors import SimulatorError
-from slhub.sim.gymnasium_mujoco import body_contact_forces
-from slhub.sim.names import body_names, qpos_names, qvel_names
+from slhub.sim.contacts import ContactInputs
+from slhub.sim.names import qpos_names, qvel_names
 from slhub.sim.render import import_mujoco
 
 #: The gymnasium id this module registers.
 ENV_ID = "slhub/Learned-v0"
-#: The extra-input feature a learned env computes from the state.
-CONTACT = "contact"
 
 try:
     import gymnasium
@@ -191,11 +190,7 @@ class LearnedEnv(_Base):
 
     def _extra(self) -> np.ndarray:
         """The export's extra inputs at the current (forward-computed) state."""
-        bodies = self._layout.contact_bodies
-        if not bodies:
-            return np.zeros(0, dtype=np.float64)
-        forces = body_contact_forces(self._mujoco, self.model, self.data)
-        return forces[bodies]
+        return self._layout.contacts(self._mujoco, self.data)
 
 
 class _Layout:
@@ -220,20 +215,14 @@ class _Layout:
                 f"{where} takes {len(actions)} action components {list(actions)}; "
                 f"{env_id} has {model.nu} controls"
             )
-        bodies = body_names(model)
-        extra = tuple(predictor.extra_names)
-        unknown = [n for n in extra if n.removeprefix(f"{CONTACT}.") not in bodies]
-        if unknown:
-            raise ValueError(
-                f"{where} takes the extra inputs {unknown}; a learned {env_id} computes only "
-                f"'{CONTACT}.<body>' (normal contact force per body, as slhub data collect "
-                f"records it), bodies {list(bodies)}"
-            )
+        try:
+            self.contacts = ContactInputs(model, predictor.extra_names, f"a learned {env_id}")
+        except ValueError as exc:
+            raise ValueError(f"{where} takes extra inputs it cannot be given: {exc}") from None
         order = {name: index for index, name in enumerate(names)}
         self.gather = np.array([order[n] for n in wanted])  # export -> qpos, qvel
         self.scatter = np.array([wanted.index(n) for n in names])  # qpos, qvel -> export
         self.nq = model.nq
-        self.contact_bodies = [bodies.index(n.removeprefix(f"{CONTACT}.")) for n in extra]
 
     def state(self, data: Any) -> np.ndarray:
         """The export's state vector of ``data``."""

@@ -110,6 +110,11 @@ def planar_root(model: Any) -> tuple[str, str, str] | None:
     return None
 
 
+def geom_names(model: Any) -> tuple[str, ...]:
+    """Every geom's name, in the model's order (``geom<i>`` when unnamed)."""
+    return _unique([model.geom(i).name or f"geom{i}" for i in range(model.ngeom)])
+
+
 def _unique(names: list[str]) -> tuple[str, ...]:
     seen = {n: names.count(n) for n in names}
     return tuple(f"{n}_{i}" if seen[n] > 1 else n for i, n in enumerate(names))

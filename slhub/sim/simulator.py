@@ -80,7 +80,11 @@ class Simulator(Protocol):
     def qvel(self) -> np.ndarray: ...
 
     def contact(self) -> np.ndarray | None:
-        """Per body of :attr:`contact_names`, the normal contact force now (or None)."""
+        """Per body of :attr:`contact_names`, the normal contact force now (or None).
+
+        ``slhub data collect --contacts geometry`` also needs the optional members
+        ``contact_slots`` (slot names, or None) and ``contact_geometry()`` (the slots
+        now, :mod:`slhub.sim.contacts`), which :class:`GymnasiumMujoco` has."""
 
     def render(self, camera: str = "follow", size: int = 64) -> np.ndarray:
         """A ``size x size x 3`` uint8 frame of the current state, rendered offscreen."""

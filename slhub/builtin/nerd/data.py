@@ -27,6 +27,14 @@ from slhub.builtin.nerd.base import (
     free_joint_base,
     planar_base,
 )
+from slhub.builtin.nerd.contacts import (
+    ContactFrame,
+    body_contact_statistics,
+    geometry_columns,
+    geometry_slots,
+    slot_columns,
+    unscaled_constants,
+)
 from slhub.builtin.nerd.frame import BaseFrame, frame_of
 from slhub.builtin.nerd.model import NerdLayout
 from slhub.builtin.nerd.planar_frame import PlanarFrame
@@ -77,6 +85,7 @@ def layout_of(data: TrainingData, model_cfg: ModelSection, robot: str = "") -> N
             "model.frame: body needs a floating base: name its free joint (root) or "
             "{planar: [x slide, z slide, y hinge]} in model.base"
         )
+    slots = geometry_slots(getattr(data.dataset, "source", None), extra)
     try:
         return NerdLayout.from_names(
             state,
@@ -87,9 +96,37 @@ def layout_of(data: TrainingData, model_cfg: ModelSection, robot: str = "") -> N
             robot,
             base,
             frame,
+            slots,
         )
     except ValueError as exc:
         raise DatasetError(f"model.angles: {exc}") from None
+
+
+def state_contacts(data: TrainingData, layout: NerdLayout) -> Any:
+    """What computes the model's extra inputs from a predicted state for the
+    ``selfcontact_*`` validation figures (:class:`slhub.sim.contacts.StateContacts` of
+    the env ``slhub data collect`` recorded), or None: the model has no extra inputs, or
+    they cannot be computed (a note says why, once)."""
+    if not layout.extra_names:
+        return None
+    source = getattr(data.dataset, "source", None)
+    env = source.get("env") if isinstance(source, dict) else None
+    if not isinstance(env, str):
+        reason = "the dataset records no simulator env"
+    else:
+        from slhub.sim import StateContacts
+
+        try:
+            return StateContacts(env, layout.state_names, layout.action_names, layout.extra_names)
+        except ValueError as exc:
+            reason = str(exc)
+    from slhub import get_logger
+
+    get_logger().info(
+        "validation computes no selfcontact_* figures (rollouts with their own contacts)",
+        reason=reason,
+    )
+    return None
 
 
 def base_of(data: TrainingData, model_cfg: ModelSection) -> RobotBase | None:
@@ -230,6 +267,8 @@ def normalization(data: TrainingData, layout: NerdLayout) -> tuple[torch.Tensor,
     base frame and of gravity's direction in it (:func:`body_statistics`)."""
     roles = ["state", "action"] + (["extra"] if layout.extra_names else [])
     out = data.delta_normalization(roles, layout.angles, STD_FLOOR)
+    if layout.contact_slots:
+        out = contact_normalization(data, layout, out)
     if not layout.body:
         return out
     state, change, gravity = body_statistics(data, layout)
@@ -243,6 +282,25 @@ def normalization(data: TrainingData, layout: NerdLayout) -> tuple[torch.Tensor,
         *(torch.from_numpy(a) for a in _floored(change)),
         *(torch.from_numpy(a) for a in _floored(gravity)),
     )
+
+
+def contact_normalization(
+    data: TrainingData, layout: NerdLayout, stats: tuple[torch.Tensor, ...]
+) -> tuple[torch.Tensor, ...]:
+    """``stats`` with the contact slots' input statistics as the model sees the slots (a
+    body-frame model: in each step's base frame), a component constant in training left
+    unscaled (:func:`~slhub.builtin.nerd.contacts.unscaled_constants`)."""
+    mean, std = stats[0].clone(), stats[1].clone()
+    offset = len(layout.state_names) + len(layout.action_names)
+    if layout.body:
+        contact_frame = ContactFrame(
+            slot_columns(layout.contact_slots, layout.input_names), len(layout.input_names)
+        )
+        found = body_contact_statistics(data, layout, body_frame(layout), contact_frame)
+        mean[offset:] = torch.from_numpy(found["mean"]).to(mean.dtype)
+        std[offset:] = torch.from_numpy(np.maximum(found["std"], STD_FLOOR)).to(std.dtype)
+    columns = [offset + i for i in geometry_columns(layout.contact_slots, layout.extra_names)]
+    return (mean, unscaled_constants(std, columns, STD_FLOOR), *stats[2:])
 
 
 def _floored(stats: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

@@ -10,9 +10,10 @@ linear velocity in world coordinates, the orientation as a unit quaternion
 - :meth:`BaseFrame.inputs`: a token in its own step's base frame. The position
   relative to the step's own base is zero, so the ``x`` and ``y`` slots hold 0 and
   the ``z`` slot the base's height (on flat ground it is what tells the model
-  where the ground is; upstream reads that from contact inputs slhub's datasets
-  do not hold); the orientation slots hold the identity; the linear velocity is
-  rotated into the base frame; the angular velocity already is in it.
+  where the ground is; contact geometry inputs tell it too,
+  :mod:`slhub.builtin.nerd.contacts`); the orientation slots hold the identity;
+  the linear velocity is rotated into the base frame; the angular velocity
+  already is in it.
 - :meth:`BaseFrame.to_body`: the change from a state to the next in the first
   state's base frame: position and linear velocity changes rotated into it; the
   orientation change as a rotation vector ``log(q_t^-1 q_t+1)`` in the ``qx qy
@@ -138,6 +139,12 @@ class BaseFrame(nn.Module):
     def gravity(self, q: torch.Tensor) -> torch.Tensor:
         """Gravity's direction in the base frame of orientation ``q``."""
         return rotate_inverse(q, q.new_tensor(GRAVITY).expand(q.shape[:-1] + (3,)))
+
+    def pose(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The base's position ``[..., 3]`` and unit quaternion ``[..., 4]`` of each
+        token's state (world; what the contact slots are turned into the frame by)."""
+        p, q, _, _, _ = self._split(tokens[..., : self.state_dim])
+        return p, normalize(q)
 
     def inputs(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Tokens ``[..., features]`` (world) with each state in its own base frame, and

@@ -112,6 +112,7 @@ def evaluate(
     mask: torch.Tensor | None,
     dtype: torch.dtype,
     device: torch.device,
+    contacts: Any = None,
 ) -> dict[str, float]:
     """One-step normalized MSE, rollout state MSE and two baselines.
 
@@ -121,8 +122,13 @@ def evaluate(
       autoregressive rollout that starts after ``history`` true steps.
     - ``baseline_mse_K``: the same error for "the state stays as the last true one";
       ``linear_mse_K``: for "the state keeps changing as in the last true step".
+      The rollout reads each step's extra inputs (contacts) from the recorded episode
+      (teacher-forced).
+    - ``selfcontact_mse_K`` (with ``contacts``, a :class:`slhub.sim.StateContacts`
+      of the dataset's env): the same rollout computing each later step's contact
+      inputs from its own predicted state, as a simulator would.
     - ``<kind>_base_position_K``, ``<kind>_base_orientation_K``,
-      ``<kind>_joint_position_K`` for each of the three: NeRD's measures in physical
+      ``<kind>_joint_position_K`` for each of them: NeRD's measures in physical
       units (:mod:`~slhub.builtin.nerd.measures`), when the state has ``qpos``
       components.
     """
@@ -157,8 +163,15 @@ def evaluate(
         history_tokens.to(device=device, dtype=dtype), future.to(device=device, dtype=dtype)
     ).cpu()
     truth = states[:, history : history + horizon]
+    guesses = {"rollout": predicted}
+    if contacts is not None:
+        actions = torch.from_numpy(whole["action"])
+        guesses["selfcontact"] = self_contact_rollout(
+            model, history_tokens, actions[:, history - 1 : history + horizon - 1], contacts,
+            dtype, device,
+        ).cpu()  # fmt: skip
     last = states[:, history - 1 : history]
-    rollout_error = angle_aware_error(predicted, truth, layout)
+    errors = {kind: angle_aware_error(guess, truth, layout) for kind, guess in guesses.items()}
     baseline_error = angle_aware_error(last.expand_as(truth), truth, layout)
     step = (
         _wrapped(last - states[:, history - 2 : history - 1], layout) if history > 1 else 0 * last
@@ -166,10 +179,10 @@ def evaluate(
     ahead = torch.arange(1, horizon + 1, dtype=torch.float64)[None, :, None]
     linear = _wrapped(last + ahead * step, layout)
     linear_error = angle_aware_error(linear, truth, layout)
-    errors = {"rollout": rollout_error, "baseline": baseline_error, "linear": linear_error}
+    errors.update(baseline=baseline_error, linear=linear_error)
     groups = measure_columns(layout, cfg)
     physical = MeasureColumns.of(layout.state_names, layout.angles, measured_base(layout))
-    guesses = {"rollout": predicted, "baseline": last.expand_as(truth), "linear": linear}
+    guesses.update(baseline=last.expand_as(truth), linear=linear)
     measured = {
         kind: step_errors(guess, truth, physical) for kind, guess in guesses.items() if physical
     }
@@ -183,6 +196,35 @@ def evaluate(
             for name, value in averaged(measures, k).items():
                 metrics[f"{kind}_{name}_{k}"] = value
     return metrics
+
+
+def self_contact_rollout(
+    model: NerdModel,
+    tokens: torch.Tensor,
+    actions: torch.Tensor,
+    contacts: Any,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> torch.Tensor:
+    """:meth:`NerdModel.rollout` computing each later token's extra inputs from its own
+    predicted state (``contacts(states, previous_actions)``, float64 numpy) instead of
+    reading them: the same window slides the same way, so recorded inputs would give
+    the rollout's states bit for bit.
+
+    :param tokens: the true history ``[B, L, features]`` (float64).
+    :param actions: ``[B, K, action_dim]``: the last history token's action, then the
+        action of each of the ``K - 1`` later tokens.
+    :returns: ``[B, K, state_dim]``.
+    """
+    window = tokens[:, -model.arch.history :].to(device=device, dtype=dtype)
+    states = [model.next_state(window)]
+    for k in range(1, actions.shape[1]):
+        state = states[-1]
+        extra = contacts(state.detach().double().cpu().numpy(), actions[:, k - 1].numpy())
+        controls = torch.cat([actions[:, k], torch.from_numpy(extra)], dim=-1)
+        window = model.advance(window, state, controls.to(device=device, dtype=dtype))
+        states.append(model.next_state(window))
+    return torch.stack(states, dim=1)
 
 
 def measured_base(layout: NerdLayout) -> RobotBase | None:

@@ -26,6 +26,7 @@ from torch import nn
 
 from slhub import one_line
 from slhub.builtin.nerd.base import RobotBase, base_from_dict
+from slhub.builtin.nerd.contacts import ContactFrame, slot_columns
 from slhub.builtin.nerd.frame import BaseFrame, frame_of
 from slhub.builtin.nerd.planar_frame import PlanarFrame
 from slhub.data import json_buffer, read_json_buffer, wrap_angle
@@ -191,6 +192,10 @@ class NerdLayout:
         (:mod:`slhub.builtin.nerd.frame`); ``world``: every component as recorded.
         Written to ``nerd_layout`` only with a base, so a layout without one reads
         back as the world frame.
+    :param contact_slots: the extra components that are contact slots
+        (:mod:`slhub.builtin.nerd.contacts`), eight names each: point, normal, depth,
+        active. A body-frame model turns them into each step's base frame. Written to
+        ``nerd_layout`` only when there are some.
     """
 
     state_names: tuple[str, ...]
@@ -201,10 +206,15 @@ class NerdLayout:
     robot: str = ""
     base: RobotBase | None = None
     frame: str = "world"
+    contact_slots: tuple[tuple[str, ...], ...] = ()
 
     def __post_init__(self) -> None:
         for key in ("state_names", "action_names", "extra_names", "angles"):
             object.__setattr__(self, key, tuple(getattr(self, key)))
+        object.__setattr__(self, "contact_slots", tuple(tuple(s) for s in self.contact_slots))
+        for slot in self.contact_slots:
+            if len(slot) != 8 or not set(slot) <= set(self.extra_names):
+                raise ValueError(f"NeRD contact slot {list(slot)}: eight extra components")
         names = self.input_names
         if len(set(names)) != len(names):
             raise ValueError(f"NeRD feature names repeat: {list(names)}")
@@ -239,6 +249,7 @@ class NerdLayout:
         robot: str = "",
         base: RobotBase | None = None,
         frame: str = "world",
+        contact_slots: Sequence[Sequence[str]] = (),
     ) -> NerdLayout:
         """A layout whose ``angles`` are given by name (each a state component)."""
         missing = [a for a in angles if a not in state_names]
@@ -250,7 +261,7 @@ class NerdLayout:
         indices = tuple(sorted(list(state_names).index(a) for a in angles))
         return cls(
             tuple(state_names), tuple(action_names), tuple(extra_names), indices,
-            angle_features, robot, base, frame,
+            angle_features, robot, base, frame, tuple(tuple(s) for s in contact_slots),
         )  # fmt: skip
 
     @property
@@ -277,9 +288,12 @@ class NerdLayout:
         out["angles"] = list(self.angle_names)
         out.pop("base")
         out.pop("frame")
+        out.pop("contact_slots")
         if self.base is not None:
             out["base"] = self.base.to_dict()
             out["frame"] = self.frame
+        if self.contact_slots:
+            out["contact_slots"] = [list(slot) for slot in self.contact_slots]
         return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
 
     @classmethod
@@ -295,6 +309,7 @@ class NerdLayout:
                 str(data.get("robot", "")),
                 None if base is None else base_from_dict(base),  # type: ignore[arg-type]
                 str(data.get("frame", "world")),
+                [[str(n) for n in slot] for slot in data.get("contact_slots", [])],  # type: ignore[attr-defined]
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"nerd_layout is damaged ({one_line(exc)})") from None
@@ -375,6 +390,10 @@ class NerdModel(nn.Module):
         if layout.body:
             assert layout.base is not None
             self.frame = frame_of(layout.base, layout.state_names)
+        self.contacts: ContactFrame | None = None
+        if self.frame is not None and layout.contact_slots:
+            columns = slot_columns(layout.contact_slots, layout.input_names)
+            self.contacts = ContactFrame(columns, features)
         gravity = self.frame.gravity_dim if self.frame is not None else 0
         if gravity:
             self.register_buffer(GRAVITY_KEYS[0], torch.zeros(gravity))
@@ -448,9 +467,10 @@ class NerdModel(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Normalized state change predicted at every position.
 
-        A body-frame model converts the (world) tokens into each step's base frame
-        first, appends gravity's direction in it, and predicts the change in the
-        base frame of the step it starts from (:mod:`slhub.builtin.nerd.frame`).
+        A body-frame model converts the (world) tokens, their state and contact slots,
+        into each step's base frame first, appends gravity's direction in it, and
+        predicts the change in the base frame of the step it starts from
+        (:mod:`slhub.builtin.nerd.frame`).
 
         :param tokens: ``[batch, length, state_dim + action_dim]`` with ``length <= history``.
         :returns: ``[batch, length, state_dim]``.
@@ -458,6 +478,8 @@ class NerdModel(nn.Module):
         length = tokens.shape[1]
         gravity = None
         if self.frame is not None:
+            if self.contacts is not None:
+                tokens = self.contacts.to_body(tokens, *self.frame.pose(tokens))
             tokens, gravity = self.frame.inputs(tokens)
         x = (tokens - self.input_mean) / self.input_std
         if self.layout.angle_features and self.layout.angles:

@@ -73,6 +73,17 @@ class PlanarFrame(nn.Module):
         *base, rest = parts
         return torch.cat([torch.stack(base, dim=-1), rest], dim=-1).index_select(-1, self.inverse)
 
+    def pose(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The base's position ``[..., 3]`` (x, 0, z) and unit quaternion ``[..., 4]`` (the
+        pitch about +y) of each token's state, in world coordinates: what contact slots
+        are turned into the base frame by, as for a free joint's
+        :meth:`~slhub.builtin.nerd.frame.BaseFrame.pose`."""
+        x, z, pitch, *_ = self._split(tokens[..., : self.state_dim])
+        zero = torch.zeros_like(x)
+        half = 0.5 * pitch
+        position = torch.stack([x, zero, z], dim=-1)
+        return position, torch.stack([torch.cos(half), zero, torch.sin(half), zero], dim=-1)
+
     def gravity(self, pitch: torch.Tensor) -> torch.Tensor:
         """Gravity's direction (x, z) in the base frame of ``pitch`` ``[...]`` -> ``[..., 2]``."""
         return torch.stack(to_base_xz(pitch, torch.zeros_like(pitch), -torch.ones_like(pitch)), -1)

@@ -21,7 +21,14 @@ from pydantic import BaseModel
 from torch import nn
 
 from slhub import LossResult, RecipeError, Trainer, hookimpl
-from slhub.builtin.nerd.data import layout_of, normalization, open_data, tokens_of, window_offsets
+from slhub.builtin.nerd.data import (
+    layout_of,
+    normalization,
+    open_data,
+    state_contacts,
+    tokens_of,
+    window_offsets,
+)
 from slhub.builtin.nerd.export import export_checkpoint
 from slhub.builtin.nerd.loss import (
     batch_mask,
@@ -53,6 +60,7 @@ class NerdPlugin:
         self._layout: NerdLayout | None = None
         self._mask: torch.Tensor | None = None
         self._stream: WindowStream | None = None
+        self._contacts: Any = None
 
     @hookimpl
     def recipe_sections(self) -> dict[str, type[BaseModel]]:
@@ -86,6 +94,7 @@ class NerdPlugin:
         model = NerdModel(arch, layout).to(DTYPES[model_cfg.precision])
         model.set_normalization(*normalization(data, layout))
         self._data, self._layout = data, layout
+        self._contacts = state_contacts(data, layout)
         self._stream = data.stream(  # checkpointed under "nerd", closed with the run
             window_offsets(layout, arch.history), trainer.config.batch_size,
             trainer=trainer, key="nerd",
@@ -130,7 +139,7 @@ class NerdPlugin:
         net = _unwrap(model)
         dtype = next(net.parameters()).dtype
         device = next(net.parameters()).device
-        return evaluate(net, self._data, val_cfg, self._mask, dtype, device)
+        return evaluate(net, self._data, val_cfg, self._mask, dtype, device, self._contacts)
 
     # -------------------------------------------------------------- export
 

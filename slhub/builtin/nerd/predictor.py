@@ -14,7 +14,7 @@ byte-identical files; provenance (run id, step, checkpoint digest) lives in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -234,7 +234,12 @@ class NerdPredictor(nn.Module):
             return self.model.next_state(self.model.advance(history, state, action))
 
     def simulator(
-        self, history: torch.Tensor, state: torch.Tensor, *, input_names: Sequence[str]
+        self,
+        history: torch.Tensor,
+        state: torch.Tensor,
+        *,
+        input_names: Sequence[str],
+        contacts: Contacts | None = None,
     ) -> NerdSimulator:
         """A stateful stand-in for a simulator, started in ``state`` after ``history``.
 
@@ -246,10 +251,15 @@ class NerdPredictor(nn.Module):
 
         :param history: tokens of the steps before ``state`` (as for :meth:`step`).
         :param state: the state to start in ``[batch, state_dim]``.
+        :param contacts: computes the extra inputs of a state, as a simulator would:
+            ``contacts(state, previous_action)`` -> ``[batch, extra_dim]``
+            (``previous_action`` None at the start), e.g.
+            ``slhub.sim.contacts.StateContacts(env, ...).tensor``; with it,
+            :meth:`NerdSimulator.step` takes the action alone.
         """
         self._check_step(history, state, None, input_names)
         kept = history[:, max(history.shape[1] - (self.history - 1), 0) :]
-        return NerdSimulator(self, kept, state)
+        return NerdSimulator(self, kept, state, contacts)
 
     def write_onnx(self, directory: str | Path) -> Path:
         """Write ``model.onnx`` into this export's directory and record it in export.json.
@@ -305,6 +315,10 @@ class NerdPredictor(nn.Module):
             )
 
 
+#: Computes a state's extra inputs: ``contacts(state, previous_action) -> extra``.
+Contacts = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+
 class NerdSimulator:
     """A NeRD export used as a simulator: ``next_state = sim.step(action)``.
 
@@ -313,16 +327,29 @@ class NerdSimulator:
     them exactly as :meth:`NerdModel.rollout` does, so its states equal a rollout's.
     """
 
-    def __init__(self, predictor: NerdPredictor, tokens: torch.Tensor, state: torch.Tensor) -> None:
+    def __init__(
+        self,
+        predictor: NerdPredictor,
+        tokens: torch.Tensor,
+        state: torch.Tensor,
+        contacts: Contacts | None = None,
+    ) -> None:
         self.predictor = predictor
         self.tokens = tokens
         self.state = state
+        self.contacts = contacts
+        self.previous: torch.Tensor | None = None
 
     def step(self, action: torch.Tensor) -> torch.Tensor:
         """Apply ``action`` (``[batch, action_dim + extra_dim]``, the extra inputs after
-        the action) in the current state and return the next state ``[batch, state_dim]``.
+        the action; the action alone when the simulator computes its contacts) in the
+        current state and return the next state ``[batch, state_dim]``.
         """
         predictor = self.predictor
+        if self.contacts is not None:
+            extra = self.contacts(self.state, self.previous)
+            self.previous = action
+            action = torch.cat([action, extra.to(action.dtype)], dim=-1)
         predictor._check_step(self.tokens, self.state, action, predictor.input_names)
         with torch.no_grad():
             self.tokens = predictor.model.advance(self.tokens, self.state, action)
