@@ -30,8 +30,8 @@ from types import FrameType
 from typing import Any
 
 from slhub.errors import SlhubError, shown
-from slhub.sweep import trial as trials
 from slhub.sweep.spec import Sweep, SweepError, SweepFile
+from slhub.sweep.trial import VALIDATION, final_value, last_line, run_trial, train_command
 
 #: Exit status of a sweep stopped by SIGTERM: rerun the same command to continue.
 EXIT_PREEMPTED = 75
@@ -281,12 +281,10 @@ class SweepRun:
         shown_params = ", ".join(f"{k}={v!r}" for k, v in params.items())
         verb = "resumed" if resumed else "started"
         print(f"trial {number} {verb} ({shown_params}): {run_dir}", flush=True)
-        command = trials.train_command(
-            sweep.recipe, sweep.overrides(params), run_dir, sweep.spec.workers
-        )
+        command = train_command(sweep.recipe, sweep.overrides(params), run_dir, sweep.spec.workers)
         reporter = _Reporter(study, self.storage, number)
         metric = sweep.spec.objective.metric
-        outcome = trials.run_trial(
+        outcome = run_trial(
             command, run_dir, metric, reporter.report,
             check_metric=not reporter.metric_seen(), keep_fds=(self._lock_fd,),
         )  # fmt: skip
@@ -301,10 +299,10 @@ class SweepRun:
             frozen = study.tell(number, state=state.PRUNED)
             print(f"trial {number} pruned at update {frozen.last_step}", flush=True)
             return
-        final = trials.final_value(run_dir, metric) if outcome.status == 0 else None
+        final = final_value(run_dir, metric) if outcome.status == 0 else None
         if final is None:
             why = (
-                f"exit {outcome.status}: {trials.last_line(run_dir)}"
+                f"exit {outcome.status}: {last_line(run_dir)}"
                 if outcome.status
                 else f"{metric} was never logged"
             )
@@ -321,7 +319,7 @@ class SweepRun:
         """The objective's metric is not among the trial's validation metrics: stop, and
         when this sweep began now, take back all it made (no study, no run)."""
         sweep = self.sweep
-        logged = sorted(k for k in record if k.startswith(trials.VALIDATION))
+        logged = sorted(k for k in record if k.startswith(VALIDATION))
         message = (
             f"{sweep.path}: objective.metric: {sweep.spec.objective.metric} is never logged; "
             f"the recipe's validation logs {', '.join(logged) or 'nothing'}"
