@@ -1,11 +1,13 @@
-"""A policy trained inside a learned InvertedPendulum-v5, scored in MuJoCo (docs/nerd.md,
-"Training a policy inside the learned simulator").
+"""A policy trained inside a learned MuJoCo env, scored in MuJoCo (docs/nerd.md,
+"Training a policy inside the learned simulator"): InvertedPendulum-v5 (the default) or
+Hopper-v5 (``--env Hopper-v5``), each with its settings in :data:`ROBOTS`.
 
-1. Collect episodes of the env, kept going through falls (``slhub data collect``):
-   the LQR expert with Gaussian action noise and as many of :func:`sweep` (the same LQR
-   tracking a cart target that sweeps the rail), in one store; or take ``--data``.
-2. Train the NeRD pendulum recipe (``examples/nerd/pendulum/sl.train.yaml``, with
-   ``--set`` overrides) and export it, or take ``--export``.
+1. Collect episodes of the env, kept going through falls (``slhub data collect``).
+   InvertedPendulum-v5: the LQR expert with Gaussian action noise and as many of
+   :func:`sweep` (the same LQR tracking a cart target that sweeps the rail), in one
+   store. Hopper-v5: smooth random actions (``--actions smooth``). Or take ``--data``.
+2. Train the robot's NeRD recipe (``examples/nerd/<robot>/sl.train.yaml``, with the
+   robot's model overrides and ``--set``) and export it, or take ``--export``.
 3. For every seed, train stable-baselines3 PPO for ``--rl-steps`` env steps inside the
    learned simulator (:class:`slhub.sim.learned.LearnedEnv`) and, with the same seed and
    hyperparameters, in MuJoCo.
@@ -23,6 +25,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,30 +56,75 @@ PPO_SETTINGS = {"n_steps": 1024, "batch_size": 256, "learning_rate": 1e-3}
 TEST_SIZE = ["--seeds", "0", "--eval-episodes", "5"]
 
 
+@dataclass(frozen=True)
+class Robot:
+    """One env's settings: its recipe, where its data comes from, the model overrides,
+    the sizes each flag defaults to, and PPO's settings."""
+
+    env: str
+    recipe: Path
+    #: ``slhub.sim.collect`` keyword arguments per data source; a ``noise`` of None is
+    #: ``--noise``.
+    sources: dict[str, dict[str, Any]]
+    model: list[str]
+    episodes: int
+    steps: int
+    updates: int
+    rl_steps: int
+    ppo: dict[str, Any] = field(default_factory=dict)
+
+
+ROBOTS = {
+    ENV: Robot(
+        ENV, RECIPE,
+        {"expert": {"actions": "policy", "policy": EXPERT, "noise": None},
+         "sweep": {"actions": "policy", "policy": SWEEP, "noise": None}},
+        MODEL, episodes=100, steps=200, updates=10000, rl_steps=30000, ppo=PPO_SETTINGS,
+    ),
+    # Smooth random actions from the reset pose in short episodes: many of the steps
+    # are the first ones (the hopper upright, then falling), where PPO's early episodes
+    # live. The recipe as it is (a history of 10 steps, contact forces as inputs) with
+    # wider batches; PPO with stable-baselines3's defaults but batches of 128, and
+    # 30000 env steps: what fits a CPU budget of about 25 minutes on two shared cores.
+    "Hopper-v5": Robot(
+        "Hopper-v5", REPO / "examples" / "nerd" / "hopper" / "sl.train.yaml",
+        {"smooth": {"actions": "smooth"}},
+        ["trainer.batch_size=128", "trainer.device=cpu", "validation.horizons=[10, 50]"],
+        episodes=300, steps=100, updates=3000, rl_steps=30000,
+        ppo={"n_steps": 2048, "batch_size": 128},
+    ),
+}  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="a new folder for its files")
-    parser.add_argument("--data", type=Path, help="a collected InvertedPendulum-v5 dataset")
-    parser.add_argument("--export", type=Path, help="a NeRD export of InvertedPendulum-v5")
-    parser.add_argument("--episodes", type=int, default=100, help="episodes of each source")
-    parser.add_argument("--steps", type=int, default=200, help="steps per collected episode")
+    parser.add_argument("--env", choices=sorted(ROBOTS), default=ENV, help="the MuJoCo env")
+    parser.add_argument("--data", type=Path, help="a dataset collected from --env")
+    parser.add_argument("--export", type=Path, help="a NeRD export of --env")
+    parser.add_argument("--episodes", type=int, help="episodes of each source")
+    parser.add_argument("--steps", type=int, help="steps per collected episode")
     parser.add_argument("--noise", type=float, default=1.0, help="the expert's action noise")
-    parser.add_argument("--updates", type=int, default=10000, help="NeRD training updates")
+    parser.add_argument("--updates", type=int, help="NeRD training updates")
     parser.add_argument("--set", action="append", default=[], help="recipe KEY=VALUE")
-    parser.add_argument("--rl-steps", type=int, default=30000, help="PPO env steps per env")
+    parser.add_argument("--rl-steps", type=int, help="PPO env steps per env")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--eval-episodes", type=int, default=10)
     args = parser.parse_args(argv)
+    robot = ROBOTS[args.env]
+    for name in ("episodes", "steps", "updates", "rl_steps"):
+        if getattr(args, name) is None:
+            setattr(args, name, getattr(robot, name))
     if str(Path(__file__).parent) not in sys.path:  # collect imports SWEEP by name
         sys.path.insert(0, str(Path(__file__).parent))
     started = time.perf_counter()
-    export = args.export or _train(args)
-    table: dict[str, Any] = {"export": str(export)}
+    export = args.export or _train(robot, args)
+    table: dict[str, Any] = {"env": robot.env, "export": str(export)}
     for where in ("learned", "mujoco"):
         returns = []
         for seed in args.seeds:
-            policy = _ppo(where, export, seed, args.rl_steps)
-            returns.append(_score(policy, args.eval_episodes))
+            policy = _ppo(robot, where, export, seed, args.rl_steps)
+            returns.append(_score(robot.env, policy, args.eval_episodes))
             print(f"{where} seed {seed}: {returns[-1]:.1f}", flush=True)
         table[where] = {"mean": float(np.mean(returns)), "std": float(np.std(returns)),
                         "per_seed": returns}  # fmt: skip
@@ -85,16 +133,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return table
 
 
-def _train(args: argparse.Namespace) -> Path:
+def _train(robot: Robot, args: argparse.Namespace) -> Path:
     import slhub
     from slhub.export.writer import run_export
 
     data = args.data or args.out / "data"
     if args.data is None and not data.exists():
-        _collect(data, args)
+        _collect(robot, data, args)
     run, export = args.out / "run", args.out / "export"
     if not (run / "last.pt").exists():
-        slhub.train(RECIPE, [*MODEL, f"trainer.steps={args.updates}",
+        slhub.train(robot.recipe, [*robot.model, f"trainer.steps={args.updates}",
                              f"trainer.validate_every={args.updates}",
                              f"trainer.save_every={args.updates}", f"data.path={data}",
                              f"trainer.output_dir={run}", *args.set])  # fmt: skip
@@ -125,21 +173,27 @@ def sweep(observation: np.ndarray, simulator: Any) -> np.ndarray:
 _GAINS: dict[int, np.ndarray] = {}
 
 
-def _collect(data: Path, args: argparse.Namespace) -> None:
-    """``--episodes`` episodes of the noisy expert (the upright pole near the rail's
-    middle) and as many of :func:`sweep` (the upright pole along the whole rail), in one
-    store."""
+def _collect(robot: Robot, data: Path, args: argparse.Namespace) -> None:
+    """``--episodes`` episodes of each of the robot's sources; several go into one store
+    (the pendulum's: the noisy expert, the upright pole near the rail's middle, and
+    :func:`sweep`, the upright pole along the whole rail)."""
     from slhub.data import ArrayEpisodes, open_dataset, write_store
     from slhub.sim import collect
 
-    sources = {"expert": {"actions": "policy", "policy": EXPERT, "noise": args.noise},
-               "sweep": {"actions": "policy", "policy": SWEEP, "noise": args.noise}}  # fmt: skip
+    sources = {
+        name: {**how, "noise": args.noise} if how.get("noise", 0) is None else how
+        for name, how in robot.sources.items()
+    }
+    if len(sources) == 1:
+        collect(data, f"gymnasium:{robot.env}", episodes=args.episodes, steps=args.steps,
+                seed=0, through_termination=True, **next(iter(sources.values())))  # fmt: skip
+        return
     parts = []
     for name, how in sources.items():
         part = args.out / f"data_{name}"
         if not part.exists():
-            collect(part, f"gymnasium:{ENV}", episodes=args.episodes, steps=args.steps, seed=0,
-                    through_termination=True, **how)  # fmt: skip
+            collect(part, f"gymnasium:{robot.env}", episodes=args.episodes, steps=args.steps,
+                    seed=0, through_termination=True, **how)  # fmt: skip
         parts.append(open_dataset(part))
     keep = ("qpos", "qvel", "action", "reward", "terminated", "truncated")
     episodes = [
@@ -153,7 +207,7 @@ def _collect(data: Path, args: argparse.Namespace) -> None:
                 provenance=provenance)  # fmt: skip
 
 
-def _ppo(where: str, export: Path, seed: int, steps: int) -> Any:
+def _ppo(robot: Robot, where: str, export: Path, seed: int, steps: int) -> Any:
     import gymnasium
     import torch
     from stable_baselines3 import PPO
@@ -161,18 +215,18 @@ def _ppo(where: str, export: Path, seed: int, steps: int) -> Any:
     from slhub.sim.learned import LearnedEnv
 
     torch.manual_seed(seed)
-    env = LearnedEnv(ENV, export) if where == "learned" else gymnasium.make(ENV)
-    model = PPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **PPO_SETTINGS)
+    env = LearnedEnv(robot.env, export) if where == "learned" else gymnasium.make(robot.env)
+    model = PPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **robot.ppo)
     model.learn(total_timesteps=steps)
     env.close()
     return model
 
 
-def _score(policy: Any, episodes: int) -> float:
+def _score(env_id: str, policy: Any, episodes: int) -> float:
     """Mean return in MuJoCo over reset seeds 10000.. (the same for every policy)."""
     import gymnasium
 
-    env = gymnasium.make(ENV)
+    env = gymnasium.make(env_id)
     returns = []
     for episode in range(episodes):
         observation, _ = env.reset(seed=10_000 + episode)
@@ -188,7 +242,7 @@ def _score(policy: Any, episodes: int) -> float:
 
 
 def _print(table: dict[str, Any], args: argparse.Namespace) -> None:
-    print(f"\n{ENV}, PPO {args.rl_steps} env steps, seeds {args.seeds}, "
+    print(f"\n{table['env']}, PPO {args.rl_steps} env steps, seeds {args.seeds}, "
           f"{args.eval_episodes} MuJoCo episodes each ({table['seconds']} s)")  # fmt: skip
     print("| policy trained in | return in MuJoCo (mean ± std over seeds) | per seed |")
     print("|---|---|---|")
