@@ -275,6 +275,7 @@ def test_collect_records_the_planar_base_and_the_model_picks_it_up(hopper: Path,
             assert math.isfinite(last[f"validation/{kind}_{measure}_8"])
 
 
+@pytest.mark.slow
 def test_a_planar_body_frame_export_rolls_out_as_its_simulator_and_onnx_graph(
     hopper: Path, body_run: Path, tmp_path: Path
 ):

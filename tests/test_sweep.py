@@ -244,6 +244,7 @@ def test_the_summary_writes_the_best_trials_recipe_bit_for_bit(tmp_path, capsys)
     assert best.trainer.steps == 40 and best.trainer.output_dir == str(sweep.output_dir / "best")
 
 
+@pytest.mark.slow
 def test_a_metric_never_logged_stops_the_first_trial_and_keeps_nothing(tmp_path):
     """Which metrics a run validates is known once it validates: the first trial's first
     validation decides, and the sweep that began then takes back what it made."""

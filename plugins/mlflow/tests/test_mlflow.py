@@ -146,6 +146,7 @@ def uninterrupted(tmp_path_factory, importable_examples) -> Path:
     return train(tmp_path_factory.mktemp("mlflow") / "uninterrupted")
 
 
+@pytest.mark.slow
 def test_the_run_holds_the_metrics_history_with_the_recipe_as_params(
     uninterrupted: Path, client: MlflowClient
 ):
@@ -309,6 +310,7 @@ def test_rows_before_merges_lines_by_step_and_marks_each_resume():
     }
 
 
+@pytest.mark.slow
 def test_on_log_only_queues_a_line(
     mlflow_server: str, client: MlflowClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
@@ -357,6 +359,7 @@ def test_only_rank_0_contacts_the_server(tmp_path: Path):
                 hooks.admit(trainer=trainer)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("setting", "env", "message"),
     [
