@@ -4,12 +4,14 @@ on the path); tests/conftest.py holds only fixtures and hooks, as pytest advises
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 import warnings
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -260,3 +262,15 @@ def _refuse_constant(name: str):
 def strict_json(text: str):
     """``text`` parsed as strict JSON: NaN and infinities as bare constants are refused."""
     return json.loads(text, parse_constant=_refuse_constant)
+
+
+def script_module(name: str) -> ModuleType:
+    """scripts/NAME.py as a module, registered in sys.modules so that its dataclasses
+    (which look their module up there) can be built."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]

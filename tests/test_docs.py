@@ -5,15 +5,13 @@ docstrings describe the project as it is, not its history."""
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import re
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from helpers import REPO
+from helpers import REPO, script_module
 
 DOCS = REPO / "docs"
 #: Public modules whose ``__all__`` the docs must cover.
@@ -21,14 +19,7 @@ PUBLIC = ("slhub", "slhub.export", "slhub.sim", "slhub.testing")
 
 
 def _script() -> ModuleType:
-    name = "hook_reference"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return script_module("hook_reference")
 
 
 def test_hook_reference_in_docs_is_current():

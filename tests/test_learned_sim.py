@@ -6,14 +6,13 @@ as one trained in MuJoCo with the same number of steps."""
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
-from helpers import REPO
+from helpers import script_module
 
 gymnasium = pytest.importorskip("gymnasium")
 mujoco = pytest.importorskip("mujoco")
@@ -198,11 +197,7 @@ def test_a_policy_trained_in_the_learned_pendulum_does_as_well_in_mujoco(tmp_pat
     simulator and in MuJoCo; run in MuJoCo, the first reaches >= 90% of the second's
     return (scripts/policy_in_learned_sim.py at a test's size)."""
     pytest.importorskip("stable_baselines3")
-    spec = importlib.util.spec_from_file_location(
-        "policy_in_learned_sim", REPO / "scripts" / "policy_in_learned_sim.py"
-    )
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = script_module("policy_in_learned_sim")
     table = script.main(["--out", str(tmp_path / "out"), *script.TEST_SIZE])
     learned, real = table["learned"]["mean"], table["mujoco"]["mean"]
     assert learned >= 0.9 * real, table

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import slhub
-from helpers import REPO, cli_error, warm_launcher
+from helpers import REPO, cli_error, script_module, warm_launcher
 from slhub.builtin.nerd.plugin import NerdPlugin
 from slhub.evaluation import run_eval
 from slhub.testing import check_resume_and_revalidate
@@ -209,15 +209,9 @@ def test_nerd_on_two_gloo_workers_beats_both_baselines_and_resumes_exactly(
 def test_the_rollout_plot_draws_the_recorded_truth_and_the_models_rollout(
     trained: Path, pendulum: Path, tmp_path: Path
 ):
-    import importlib.util
-
     from slhub.data import open_dataset
 
-    spec = importlib.util.spec_from_file_location(
-        "plot_nerd_rollout", REPO / "scripts" / "plot_nerd_rollout.py"
-    )
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = script_module("plot_nerd_rollout")
     out = tmp_path / "rollout.png"
     fig = script.main(["--checkpoint", str(trained / "last.pt"), "--out", str(out),
                        "--components", "qpos.hinge", "--horizon", "50"])  # fmt: skip
