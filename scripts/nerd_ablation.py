@@ -1,0 +1,233 @@
+"""NeRD's ablation on Ant-v5 and Hopper-v5 (docs/nerd.md, "The ablation"): the world
+frame against the base frame, the per-body contact force against contact geometry, on
+the same data and the same number of updates, judged in NeRD's measures beside both
+baselines.
+
+1. Collect each robot's episodes once with both contact forms (``slhub data collect
+   ... --contacts force,geometry``, the recipe header's episodes, steps and seed).
+2. Train the robot's recipe (``examples/nerd/<robot>/sl.train.yaml``) four ways,
+   ``model.frame`` world or body and ``data.features.extra`` ``[contact]`` or
+   ``[contact_geometry]``, once per ``--seeds`` (``trainer.seed``: the weights' start
+   and the batches; the data is the same).
+3. Actuated figures: the run's last validation line (held-out episodes of the same
+   smooth random actions). Passive figures: ``slhub eval --env gymnasium:<env>
+   --actions zero --steps 510`` on fresh episodes with every control 0, the same for
+   every run.
+4. Print one markdown table per robot and write every figure to ``OUT/ablation.json``:
+   per configuration and measure, the mean over seeds with the smallest and largest.
+
+The model's figures are its ``selfcontact_*`` ones: each rollout step's contact inputs
+computed from the model's own predicted state through MuJoCo, as when it stands in for
+the simulator; ``ablation.json`` keeps the teacher-forced ``rollout_*`` figures too. A
+run whose final checkpoint exists is not trained again, so a stopped ablation continues
+where it stopped. Run it with ``OMP_NUM_THREADS=1``; ``--jobs`` runs that many
+trainings at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+FRAMES = ("world", "body")
+#: contact form -> the dataset feature the recipe's ``extra`` names
+CONTACTS = {"force": "contact", "geometry": "contact_geometry"}
+MEASURES = ("base_position", "base_orientation", "joint_position")
+UNITS = {"base_position": "m", "base_orientation": "rad", "joint_position": "rad"}
+PASSIVE_HORIZONS = (10, 100, 500)
+ACTUATED_HORIZONS = (10, 100)
+#: passive episodes: 500 predicted steps after a window of up to 10
+PASSIVE_STEPS = 510
+BASELINES = {"baseline": "state held", "linear": "change held"}
+
+
+@dataclass(frozen=True)
+class Robot:
+    """A robot's env, recipe and the data its recipe header collects."""
+
+    env: str
+    recipe: Path
+    episodes: int
+    steps: int
+
+
+ROBOTS = {
+    "ant": Robot("Ant-v5", REPO / "examples" / "nerd" / "ant" / "sl.train.yaml", 150, 300),
+    "hopper": Robot("Hopper-v5", REPO / "examples" / "nerd" / "hopper" / "sl.train.yaml", 100, 300),
+}
+
+
+def slhub(*args: str) -> list[str]:
+    return [sys.executable, "-m", "slhub", *args]
+
+
+def _say(line: str) -> None:
+    """One whole line to stdout (trainings run in threads)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def run(command: list[str], log: Path) -> None:
+    """Run one slhub command, its output into ``log``; a failure stops the ablation."""
+    _say("$ " + " ".join(command[2:]))
+    with log.open("a", encoding="utf-8") as out:
+        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command[2:])} failed ({done.returncode}); see {log}")
+
+
+def collect(robot: Robot, dst: Path, log: Path) -> None:
+    if dst.exists():
+        return
+    run(slhub("data", "collect", str(dst), "--env", f"gymnasium:{robot.env}",
+              "--episodes", str(robot.episodes), "--steps", str(robot.steps),
+              "--actions", "smooth", "--seed", "0", "--through-termination",
+              "--contacts", "force,geometry"), log)  # fmt: skip
+
+
+def train_and_judge(
+    robot: Robot, data: Path, folder: Path, frame: str, contacts: str, seed: int,
+    updates: int | None, passive_episodes: int,
+) -> dict[str, Any]:  # fmt: skip
+    """Train one configuration (unless its final checkpoint exists) and return its
+    actuated validation line and passive evaluation."""
+    settings = [
+        f"data.path={data}", f"trainer.output_dir={folder}", f"model.frame={frame}",
+        f"data.features.extra=[{CONTACTS[contacts]}]", f"trainer.seed={seed}",
+        "trainer.device=cpu",
+    ]  # fmt: skip
+    if updates is not None:
+        settings += [f"trainer.steps={updates}", f"trainer.validate_every={updates}",
+                     f"trainer.save_every={updates}"]  # fmt: skip
+    sets = [arg for s in settings for arg in ("--set", s)]
+    log = folder.with_suffix(".log")
+    steps = updates or yaml.safe_load(robot.recipe.read_text())["trainer"]["steps"]
+    if not (folder / f"step_{steps}.pt").exists():
+        resume = ["--resume", "auto"] if (folder / "run.json").exists() else []
+        run(slhub("train", "--config", str(robot.recipe), *sets, *resume), log)
+    passive = folder / "passive.json"
+    if not passive.exists():
+        horizons = ", ".join(map(str, PASSIVE_HORIZONS))
+        command = slhub("eval", "--checkpoint", str(folder / "last.pt"),
+                        "--env", f"gymnasium:{robot.env}", "--actions", "zero",
+                        "--episodes", str(passive_episodes), "--steps", str(PASSIVE_STEPS),
+                        "--seed", "1000", "--set", f"validation.horizons=[{horizons}]",
+                        "--json")  # fmt: skip
+        _say("$ " + " ".join(command[2:]))
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise SystemExit(f"slhub eval of {folder} failed: {done.stderr.strip()[-500:]}")
+        passive.write_text(done.stdout, encoding="utf-8")
+    return {"actuated": _last_validation(folder), "passive": json.loads(passive.read_text())}
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+def _last_validation(folder: Path) -> dict[str, float]:
+    lines = [line for line in _lines(folder / "metrics.jsonl") if "validation/one_step_mse" in line]
+    return {k.removeprefix("validation/"): v for k, v in lines[-1].items() if "/" in k}
+
+
+def figures(results: dict[str, Any], kind: str) -> dict[str, Any]:
+    """``{measure: {"passive_K"|"actuated_K": [value per seed]}}`` for one figure kind."""
+    table: dict[str, Any] = {}
+    for measure in MEASURES:
+        row: dict[str, list[float]] = {}
+        for setting, horizons in (("passive", PASSIVE_HORIZONS), ("actuated", ACTUATED_HORIZONS)):
+            for k in horizons:
+                row[f"{setting}_{k}"] = [r[setting][f"{kind}_{measure}_{k}"] for r in results]
+        table[measure] = row
+    return table
+
+
+def _cell(values: list[float], best: bool) -> str:
+    mean = statistics.fmean(values)
+    text = (
+        f"{mean:.3g}" if len(values) == 1 else f"{mean:.3g} ({min(values):.3g}–{max(values):.3g})"
+    )
+    return f"**{text}**" if best else text
+
+
+def markdown(rows: dict[str, dict[str, Any]]) -> str:
+    """One table: a block of rows per measure, the best mean of each column in bold."""
+    columns = [f"passive_{k}" for k in PASSIVE_HORIZONS] + [
+        f"actuated_{k}" for k in ACTUATED_HORIZONS
+    ]
+    head = ["measure", "model"] + [c.replace("_", " ") + " steps" for c in columns]
+    lines = [f"| {' | '.join(head)} |", "|" + "---|" * len(head)]
+    for measure in MEASURES:
+        best = {c: min(statistics.fmean(r[measure][c]) for r in rows.values()) for c in columns}
+        for label, row in rows.items():
+            cells = [_cell(row[measure][c], statistics.fmean(row[measure][c]) == best[c])
+                     for c in columns]  # fmt: skip
+            lines.append(f"| {measure.replace('_', ' ')} ({UNITS[measure]}) | "
+                         f"{label} | {' | '.join(cells)} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="a folder for its files")
+    parser.add_argument("--robots", nargs="+", choices=sorted(ROBOTS), default=sorted(ROBOTS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--updates", type=int, help="training updates (default: the recipe's)")
+    parser.add_argument("--passive-episodes", type=int, default=16)
+    parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 1)))
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "runs").mkdir(exist_ok=True)
+    for name in args.robots:
+        collect(ROBOTS[name], args.out / "data" / name, args.out / f"collect_{name}.log")
+    work = [(name, frame, contacts, seed) for name in args.robots for frame in FRAMES
+            for contacts in CONTACTS for seed in args.seeds]  # fmt: skip
+    with ThreadPoolExecutor(args.jobs) as pool:
+        futures = {
+            job: pool.submit(
+                train_and_judge, ROBOTS[job[0]], args.out / "data" / job[0],
+                args.out / "runs" / "{}-{}-{}-s{}".format(*job), job[1], job[2], job[3],
+                args.updates, args.passive_episodes,
+            )
+            for job in work
+        }  # fmt: skip
+        done = {job: future.result() for job, future in futures.items()}
+    report: dict[str, Any] = {"seeds": args.seeds, "updates": args.updates, "robots": {}}
+    for name in args.robots:
+        per_config = {
+            f"{frame}, {contacts}": [done[(name, frame, contacts, s)] for s in args.seeds]
+            for frame in FRAMES for contacts in CONTACTS
+        }  # fmt: skip
+        model = {label: figures(r, "selfcontact") for label, r in per_config.items()}
+        first = next(iter(per_config.values()))  # baselines: the same episodes in every run
+        held = {label: figures(first[:1], kind) for kind, label in BASELINES.items()}
+        report["robots"][name] = {
+            "env": ROBOTS[name].env,
+            "selfcontact": model,
+            "rollout": {label: figures(r, "rollout") for label, r in per_config.items()},
+            "baselines": held,
+        }
+        print(f"\n{ROBOTS[name].env}\n\n{markdown(model | held)}")
+    report["seconds"] = round(time.perf_counter() - started)
+    (args.out / "ablation.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
+    print(f"\n{report['seconds']} s; figures in {args.out / 'ablation.json'}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
