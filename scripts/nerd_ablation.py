@@ -3,25 +3,27 @@ frame against the base frame, the per-body contact force against contact geometr
 the same data and the same number of updates, judged in NeRD's measures beside both
 baselines.
 
-1. Collect each robot's episodes once with both contact forms (``slhub data collect
-   ... --contacts force,geometry``, the recipe header's episodes, steps and seed).
+1. Collect each robot's training episodes once with both contact forms (``slhub data
+   collect ... --contacts force,geometry``): the recipe header's smooth random actions
+   and, from the same reset, :data:`ZERO_EPISODES` episodes with every control 0, so
+   that the model also sees the robot coming to rest. One store holds both
+   (:func:`merge`).
 2. Train the robot's recipe (``examples/nerd/<robot>/sl.train.yaml``) four ways,
    ``model.frame`` world or body and ``data.features.extra`` ``[contact]`` or
    ``[contact_geometry]``, once per ``--seeds`` (``trainer.seed``: the weights' start
    and the batches; the data is the same).
-3. Actuated figures: the run's last validation line (held-out episodes of the same
-   smooth random actions). Passive figures: ``slhub eval --env gymnasium:<env>
-   --actions zero --steps 510`` on fresh episodes with every control 0, the same for
-   every run.
+3. Judge every run with ``slhub eval --env gymnasium:<env>`` on the same fresh episodes
+   (seed 1000): actuated (smooth random actions, 300 steps) at 10 and 100 steps, and
+   passive (``--actions zero``, 510 steps) at 10, 100 and 500.
 4. Print one markdown table per robot and write every figure to ``OUT/ablation.json``:
    per configuration and measure, the mean over seeds with the smallest and largest.
 
 The model's figures are its ``selfcontact_*`` ones: each rollout step's contact inputs
 computed from the model's own predicted state through MuJoCo, as when it stands in for
 the simulator; ``ablation.json`` keeps the teacher-forced ``rollout_*`` figures too. A
-run whose final checkpoint exists is not trained again, so a stopped ablation continues
-where it stopped. Run it with ``OMP_NUM_THREADS=1``; ``--jobs`` runs that many
-trainings at once.
+run whose final checkpoint exists is not trained again and a judged one not judged
+again, so a stopped ablation continues where it stopped. Run it with
+``OMP_NUM_THREADS=1``; ``--jobs`` runs that many trainings at once.
 """
 
 from __future__ import annotations
@@ -48,8 +50,11 @@ MEASURES = ("base_position", "base_orientation", "joint_position")
 UNITS = {"base_position": "m", "base_orientation": "rad", "joint_position": "rad"}
 PASSIVE_HORIZONS = (10, 100, 500)
 ACTUATED_HORIZONS = (10, 100)
-#: passive episodes: 500 predicted steps after a window of up to 10
-PASSIVE_STEPS = 510
+#: Judged episodes per setting: (actions, steps); passive ones give 500 predicted steps
+#: after a window of up to 10.
+SETTINGS = {"actuated": ("smooth", 300), "passive": ("zero", 510)}
+#: Training episodes with every control 0, beside the recipe's smooth-action ones.
+ZERO_EPISODES = 50
 BASELINES = {"baseline": "state held", "linear": "change held"}
 
 
@@ -89,59 +94,83 @@ def run(command: list[str], log: Path) -> None:
 
 
 def collect(robot: Robot, dst: Path, log: Path) -> None:
+    """The robot's smooth-action and zero-action episodes, one store at ``dst``."""
     if dst.exists():
         return
-    run(slhub("data", "collect", str(dst), "--env", f"gymnasium:{robot.env}",
-              "--episodes", str(robot.episodes), "--steps", str(robot.steps),
-              "--actions", "smooth", "--seed", "0", "--through-termination",
-              "--contacts", "force,geometry"), log)  # fmt: skip
+    parts = []
+    for actions, episodes, seed in (("smooth", robot.episodes, 0), ("zero", ZERO_EPISODES, 1)):
+        part = dst.with_name(f"{dst.name}_{actions}")
+        if not part.exists():
+            run(slhub("data", "collect", str(part), "--env", f"gymnasium:{robot.env}",
+                      "--episodes", str(episodes), "--steps", str(robot.steps),
+                      "--actions", actions, "--seed", str(seed), "--through-termination",
+                      "--contacts", "force,geometry"), log)  # fmt: skip
+        parts.append(part)
+    merge(parts, dst)
+
+
+def merge(parts: list[Path], dst: Path) -> None:
+    """Every episode of ``parts`` (collected from one env) in one store; its ``source``
+    is the first part's, which names the env and the floating base, with each part's
+    own record under ``parts``."""
+    from slhub.data import ArrayEpisodes, open_dataset, write_store
+
+    stores = [open_dataset(part) for part in parts]
+    keys = [key for key in stores[0].features if all(key in s.features for s in stores)]
+    episodes = [
+        {key: store.read(key, index, 0, int(length)) for key in keys}
+        for store in stores
+        for index, length in enumerate(store.lengths)
+    ]
+    names = {key: stores[0].features[key].names for key in keys if stores[0].features[key].names}
+    sources = [json.loads((part / "meta.json").read_text())["source"] for part in parts]
+    source = {**sources[0], "episodes": len(episodes), "parts": sources}
+    source["actions"] = "+".join(str(s["actions"]) for s in sources)
+    write_store(ArrayEpisodes(episodes, fps=stores[0].fps, names=names), dst, provenance=source)
 
 
 def train_and_judge(
     robot: Robot, data: Path, folder: Path, frame: str, contacts: str, seed: int,
-    updates: int | None, passive_episodes: int,
+    updates: int | None, episodes: int,
 ) -> dict[str, Any]:  # fmt: skip
     """Train one configuration (unless its final checkpoint exists) and return its
-    actuated validation line and passive evaluation."""
+    figures on fresh actuated and passive episodes."""
+    steps = updates or yaml.safe_load(robot.recipe.read_text())["trainer"]["steps"]
     settings = [
         f"data.path={data}", f"trainer.output_dir={folder}", f"model.frame={frame}",
         f"data.features.extra=[{CONTACTS[contacts]}]", f"trainer.seed={seed}",
-        "trainer.device=cpu",
+        "trainer.device=cpu", f"trainer.steps={steps}", f"trainer.validate_every={steps}",
+        f"trainer.save_every={steps}",
     ]  # fmt: skip
-    if updates is not None:
-        settings += [f"trainer.steps={updates}", f"trainer.validate_every={updates}",
-                     f"trainer.save_every={updates}"]  # fmt: skip
     sets = [arg for s in settings for arg in ("--set", s)]
     log = folder.with_suffix(".log")
-    steps = updates or yaml.safe_load(robot.recipe.read_text())["trainer"]["steps"]
     if not (folder / f"step_{steps}.pt").exists():
         resume = ["--resume", "auto"] if (folder / "run.json").exists() else []
         run(slhub("train", "--config", str(robot.recipe), *sets, *resume), log)
-    passive = folder / "passive.json"
-    if not passive.exists():
-        horizons = ", ".join(map(str, PASSIVE_HORIZONS))
+    horizons = {"actuated": ACTUATED_HORIZONS, "passive": PASSIVE_HORIZONS}
+    return {
+        setting: judge(robot, folder, setting, horizons[setting], episodes) for setting in SETTINGS
+    }
+
+
+def judge(
+    robot: Robot, folder: Path, setting: str, horizons: tuple[int, ...], episodes: int
+) -> dict[str, float]:
+    """``slhub eval --env`` of the run's last checkpoint, kept in ``<setting>.json``."""
+    kept = folder / f"{setting}.json"
+    if not kept.exists():
+        actions, steps = SETTINGS[setting]
         command = slhub("eval", "--checkpoint", str(folder / "last.pt"),
-                        "--env", f"gymnasium:{robot.env}", "--actions", "zero",
-                        "--episodes", str(passive_episodes), "--steps", str(PASSIVE_STEPS),
-                        "--seed", "1000", "--set", f"validation.horizons=[{horizons}]",
+                        "--env", f"gymnasium:{robot.env}", "--actions", actions,
+                        "--episodes", str(episodes), "--steps", str(steps), "--seed", "1000",
+                        "--set", f"validation.horizons=[{', '.join(map(str, horizons))}]",
                         "--json")  # fmt: skip
         _say("$ " + " ".join(command[2:]))
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise SystemExit(f"slhub eval of {folder} failed: {done.stderr.strip()[-500:]}")
-        passive.write_text(done.stdout, encoding="utf-8")
-    return {"actuated": _last_validation(folder), "passive": json.loads(passive.read_text())}
-
-
-def _lines(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
-
-
-def _last_validation(folder: Path) -> dict[str, float]:
-    lines = [line for line in _lines(folder / "metrics.jsonl") if "validation/one_step_mse" in line]
-    return {k.removeprefix("validation/"): v for k, v in lines[-1].items() if "/" in k}
+        kept.write_text(done.stdout, encoding="utf-8")
+    return json.loads(kept.read_text(encoding="utf-8"))
 
 
 def figures(results: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -187,7 +216,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--robots", nargs="+", choices=sorted(ROBOTS), default=sorted(ROBOTS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--updates", type=int, help="training updates (default: the recipe's)")
-    parser.add_argument("--passive-episodes", type=int, default=16)
+    parser.add_argument("--episodes", type=int, default=16, help="judged episodes per setting")
     parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 1)))
     args = parser.parse_args(argv)
     started = time.perf_counter()
@@ -202,7 +231,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             job: pool.submit(
                 train_and_judge, ROBOTS[job[0]], args.out / "data" / job[0],
                 args.out / "runs" / "{}-{}-{}-s{}".format(*job), job[1], job[2], job[3],
-                args.updates, args.passive_episodes,
+                args.updates, args.episodes,
             )
             for job in work
         }  # fmt: skip
