@@ -14,6 +14,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 import torch
 import warm_processes
 import yaml
@@ -22,6 +23,7 @@ from slhub.recipe import as_recipe
 from slhub.testing import (
     STOP_AT_ENV,
     assert_tree_equal,  # noqa: F401 - shared with the tests
+    check_resume_and_revalidate,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -274,3 +276,24 @@ def script_module(name: str) -> ModuleType:
         sys.modules[name] = module
         spec.loader.exec_module(module)
     return sys.modules[name]
+
+
+def check_nerd_resume(recipe: Path, overrides: list[str], workdir: Path, workers: int = 1) -> None:
+    """A NeRD run of 8 updates (validation and checkpoints every 4) stopped at a random
+    update and resumed ends as the uninterrupted one does: in this process, or on
+    ``workers`` Gloo workers."""
+    from slhub.builtin.nerd.plugin import NerdPlugin
+
+    common: dict[str, Any] = {
+        "stop_at": int(np.random.default_rng().integers(2, 8)),
+        "workdir": workdir,
+        "overrides": [*overrides, "trainer.steps=8", "trainer.validate_every=4",
+                      "trainer.save_every=4"],
+    }  # fmt: skip
+    if workers == 1:
+        check_resume_and_revalidate(recipe, NerdPlugin(), in_process=True, **common)
+    else:
+        check_resume_and_revalidate(
+            recipe, NerdPlugin(), workers=workers, launcher=warm_launcher, cwd=REPO,
+            timeout=600, **common,
+        )  # fmt: skip

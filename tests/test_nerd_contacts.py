@@ -16,10 +16,8 @@ import pytest
 import torch
 
 import slhub
-from helpers import REPO, warm_launcher
+from helpers import REPO, check_nerd_resume
 from slhub.builtin.nerd.model import NerdLayout
-from slhub.builtin.nerd.plugin import NerdPlugin
-from slhub.testing import check_resume_and_revalidate
 
 mujoco = pytest.importorskip("mujoco")
 gymnasium = pytest.importorskip("gymnasium")
@@ -357,22 +355,12 @@ def test_a_dataset_that_names_no_env_skips_the_self_computed_figures(ant: Path, 
 
 
 def test_a_geometry_run_resumes_exactly(ant: Path, tmp_path: Path):
-    check_resume_and_revalidate(
-        ANT, NerdPlugin(), stop_at=int(np.random.default_rng().integers(2, 8)),
-        workdir=tmp_path, in_process=True,
-        overrides=[*SMALL, "trainer.steps=8", "trainer.validate_every=4",
-                   "trainer.save_every=4", f"data.path={ant}"],
-    )  # fmt: skip
+    check_nerd_resume(ANT, [*SMALL, f"data.path={ant}"], tmp_path)
 
 
 @pytest.mark.slow
 def test_a_geometry_run_on_two_gloo_workers_resumes_exactly(ant: Path, tmp_path: Path):
-    check_resume_and_revalidate(
-        ANT, NerdPlugin(), stop_at=int(np.random.default_rng().integers(2, 8)),
-        workdir=tmp_path, workers=2, launcher=warm_launcher, cwd=REPO,
-        overrides=[*SMALL, "trainer.steps=8", "trainer.validate_every=4",
-                   "trainer.save_every=4", f"data.path={ant}"], timeout=600,
-    )  # fmt: skip
+    check_nerd_resume(ANT, [*SMALL, f"data.path={ant}"], tmp_path, workers=2)
 
 
 # ------------------------------------------------------------------ exports

@@ -13,13 +13,11 @@ import pytest
 import torch
 
 import slhub
-from helpers import REPO, warm_launcher
+from helpers import REPO, check_nerd_resume
 from slhub import DatasetError
 from slhub.builtin.nerd.base import free_joint_base
 from slhub.builtin.nerd.frame import BaseFrame, quat_exp, quat_log
 from slhub.builtin.nerd.model import NerdLayout
-from slhub.builtin.nerd.plugin import NerdPlugin
-from slhub.testing import check_resume_and_revalidate
 
 ANT = REPO / "examples" / "nerd" / "ant" / "sl.train.yaml"
 ENV = "gymnasium:Ant-v5"
@@ -208,22 +206,12 @@ def test_a_recorded_dataset_with_a_quaternion_and_no_base_names_model_base(
 
 
 def test_a_body_frame_run_resumes_exactly(ant: Path, tmp_path: Path):
-    check_resume_and_revalidate(
-        ANT, NerdPlugin(), stop_at=int(np.random.default_rng().integers(2, 8)),
-        workdir=tmp_path, in_process=True,
-        overrides=[*SMALL, "trainer.steps=8", "trainer.validate_every=4",
-                   "trainer.save_every=4", f"data.path={ant}"],
-    )  # fmt: skip
+    check_nerd_resume(ANT, [*SMALL, f"data.path={ant}"], tmp_path)
 
 
 @pytest.mark.slow
 def test_a_body_frame_run_on_two_gloo_workers_resumes_exactly(ant: Path, tmp_path: Path):
-    check_resume_and_revalidate(
-        ANT, NerdPlugin(), stop_at=int(np.random.default_rng().integers(2, 8)),
-        workdir=tmp_path, workers=2, launcher=warm_launcher, cwd=REPO,
-        overrides=[*SMALL, "trainer.steps=8", "trainer.validate_every=4",
-                   "trainer.save_every=4", f"data.path={ant}"], timeout=600,
-    )  # fmt: skip
+    check_nerd_resume(ANT, [*SMALL, f"data.path={ant}"], tmp_path, workers=2)
 
 
 def _turned(episode: dict[str, np.ndarray], yaw: float, shift: np.ndarray) -> None:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import slhub
-from helpers import REPO, warm_launcher
+from helpers import REPO, check_nerd_resume
 from slhub import DatasetError
 from slhub.builtin.nerd.base import (
     FloatingBase,
@@ -28,9 +28,7 @@ from slhub.builtin.nerd.loss import loss_mask
 from slhub.builtin.nerd.measures import MeasureColumns, step_errors
 from slhub.builtin.nerd.model import NerdArch, NerdLayout
 from slhub.builtin.nerd.planar_frame import PlanarFrame
-from slhub.builtin.nerd.plugin import NerdPlugin
 from slhub.builtin.nerd.sections import LossSection
-from slhub.testing import check_resume_and_revalidate
 
 HOPPER = REPO / "examples" / "nerd" / "hopper" / "sl.train.yaml"
 BODY = REPO / "examples" / "nerd" / "hopper" / "body.yaml"
@@ -359,22 +357,12 @@ def test_the_published_hopper_recipe_stays_in_the_world_frame_and_its_variant_is
 
 
 def test_a_planar_body_frame_run_resumes_exactly(hopper: Path, tmp_path: Path):
-    check_resume_and_revalidate(
-        HOPPER, NerdPlugin(), stop_at=int(np.random.default_rng().integers(2, 8)),
-        workdir=tmp_path, in_process=True,
-        overrides=[*SMALL, "trainer.steps=8", "trainer.validate_every=4",
-                   "trainer.save_every=4", f"data.path={hopper}"],
-    )  # fmt: skip
+    check_nerd_resume(HOPPER, [*SMALL, f"data.path={hopper}"], tmp_path)
 
 
 @pytest.mark.slow
 def test_a_planar_body_frame_run_on_two_gloo_workers_resumes_exactly(hopper: Path, tmp_path: Path):
-    check_resume_and_revalidate(
-        HOPPER, NerdPlugin(), stop_at=int(np.random.default_rng().integers(2, 8)),
-        workdir=tmp_path, workers=2, launcher=warm_launcher, cwd=REPO,
-        overrides=[*SMALL, "trainer.steps=8", "trainer.validate_every=4",
-                   "trainer.save_every=4", f"data.path={hopper}"], timeout=600,
-    )  # fmt: skip
+    check_nerd_resume(HOPPER, [*SMALL, f"data.path={hopper}"], tmp_path, workers=2)
 
 
 @pytest.mark.slow

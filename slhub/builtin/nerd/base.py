@@ -20,12 +20,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 #: ``kind`` of a free joint's base (also what a stored base without a kind is).
 FREE = "free"
 #: ``kind`` of a planar base: slide x, slide z, hinge about +y.
 PLANAR = "planar"
+#: The four groups of a base's components, in the order a stored base and its
+#: indices hold them.
+FIELDS = ("position", "orientation", "linear_velocity", "angular_velocity")
 
 
 @runtime_checkable
@@ -60,73 +63,44 @@ def _indices(names: Sequence[str], state_names: Sequence[str]) -> dict[str, int]
     return where
 
 
-@dataclass(frozen=True)
-class FloatingBase:
-    """The state component names of a free joint, each in MuJoCo's frame."""
+class _FourGroups:
+    """What both kinds of base do with their four groups of component names
+    (:data:`FIELDS`): check each group's size, list, index, store and read them."""
 
-    position: tuple[str, str, str]
-    orientation: tuple[str, str, str, str]
-    linear_velocity: tuple[str, str, str]
-    angular_velocity: tuple[str, str, str]
-    kind = FREE
+    kind: ClassVar[str]
+    #: Each group's number of components, in :data:`FIELDS` order.
+    sizes: ClassVar[tuple[int, int, int, int]]
+    #: The indices dataclass of this kind (its fields are :data:`FIELDS`).
+    index_type: ClassVar[type]
 
-    def __post_init__(self) -> None:
-        for name, size in (
-            ("position", 3),
-            ("orientation", 4),
-            ("linear_velocity", 3),
-            ("angular_velocity", 3),
-        ):
+    def _check_sizes(self) -> None:
+        for name, size in zip(FIELDS, self.sizes, strict=True):
             value = tuple(getattr(self, name))
             if len(value) != size:
-                raise ValueError(f"base {name} names {size} components, got {list(value)}")
+                raise ValueError(
+                    f"{self.kind} base {name} names {size} components, got {list(value)}"
+                )
             object.__setattr__(self, name, value)
 
     @property
     def names(self) -> tuple[str, ...]:
-        """All thirteen names: position, orientation, linear and angular velocity."""
-        return self.position + self.orientation + self.linear_velocity + self.angular_velocity
+        """Every component: position, orientation, linear and angular velocity."""
+        return tuple(name for field in FIELDS for name in getattr(self, field))
 
-    @property
-    def angles(self) -> tuple[str, ...]:
-        """None: the orientation is a quaternion."""
-        return ()
-
-    @property
-    def unsupervised(self) -> tuple[str, ...]:
-        """The quaternion's ``qw`` slot: the body-frame change is a rotation vector."""
-        return self.orientation[:1]
-
-    def indices(self, state_names: Sequence[str]) -> FloatingBaseIndices:
+    def indices(self, state_names: Sequence[str]) -> Any:
         """Where each component sits in ``state_names``.
 
         :raises ValueError: a component is missing, naming it.
         """
         where = _indices(self.names, state_names)
-        return FloatingBaseIndices(
-            tuple(where[n] for n in self.position),  # type: ignore[arg-type]
-            tuple(where[n] for n in self.orientation),  # type: ignore[arg-type]
-            tuple(where[n] for n in self.linear_velocity),  # type: ignore[arg-type]
-            tuple(where[n] for n in self.angular_velocity),  # type: ignore[arg-type]
-        )
+        return self.index_type(*(tuple(where[n] for n in getattr(self, f)) for f in FIELDS))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "position": list(self.position),
-            "orientation": list(self.orientation),
-            "linear_velocity": list(self.linear_velocity),
-            "angular_velocity": list(self.angular_velocity),
-        }
+        return {"kind": self.kind, **{field: list(getattr(self, field)) for field in FIELDS}}
 
     @classmethod
-    def from_dict(cls, value: Mapping[str, Any]) -> FloatingBase:
-        return cls(
-            tuple(value["position"]),  # type: ignore[arg-type]
-            tuple(value["orientation"]),  # type: ignore[arg-type]
-            tuple(value["linear_velocity"]),  # type: ignore[arg-type]
-            tuple(value["angular_velocity"]),  # type: ignore[arg-type]
-        )
+    def from_dict(cls, value: Mapping[str, Any]) -> Any:
+        return cls(*(tuple(value[field]) for field in FIELDS))  # type: ignore[call-arg]
 
 
 @dataclass(frozen=True)
@@ -137,6 +111,32 @@ class FloatingBaseIndices:
     orientation: tuple[int, int, int, int]
     linear_velocity: tuple[int, int, int]
     angular_velocity: tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class FloatingBase(_FourGroups):
+    """The state component names of a free joint, each in MuJoCo's frame."""
+
+    position: tuple[str, str, str]
+    orientation: tuple[str, str, str, str]
+    linear_velocity: tuple[str, str, str]
+    angular_velocity: tuple[str, str, str]
+    kind: ClassVar[str] = FREE
+    sizes: ClassVar[tuple[int, int, int, int]] = (3, 4, 3, 3)
+    index_type: ClassVar[type] = FloatingBaseIndices
+
+    def __post_init__(self) -> None:
+        self._check_sizes()
+
+    @property
+    def angles(self) -> tuple[str, ...]:
+        """None: the orientation is a quaternion."""
+        return ()
+
+    @property
+    def unsupervised(self) -> tuple[str, ...]:
+        """The quaternion's ``qw`` slot: the body-frame change is a rotation vector."""
+        return self.orientation[:1]
 
 
 def free_joint_base(joint: str, qpos: str = "qpos", qvel: str = "qvel") -> FloatingBase:
@@ -151,7 +151,17 @@ def free_joint_base(joint: str, qpos: str = "qpos", qvel: str = "qvel") -> Float
 
 
 @dataclass(frozen=True)
-class PlanarBase:
+class PlanarBaseIndices:
+    """A :class:`PlanarBase` as indices into a state vector."""
+
+    position: tuple[int, int]
+    orientation: tuple[int]
+    linear_velocity: tuple[int, int]
+    angular_velocity: tuple[int]
+
+
+@dataclass(frozen=True)
+class PlanarBase(_FourGroups):
     """The state component names of a planar base: the slides along x and z and the
     hinge about +y (pitch), each a ``qpos`` and a ``qvel`` component.
 
@@ -164,24 +174,12 @@ class PlanarBase:
     orientation: tuple[str]
     linear_velocity: tuple[str, str]
     angular_velocity: tuple[str]
-    kind = PLANAR
+    kind: ClassVar[str] = PLANAR
+    sizes: ClassVar[tuple[int, int, int, int]] = (2, 1, 2, 1)
+    index_type: ClassVar[type] = PlanarBaseIndices
 
     def __post_init__(self) -> None:
-        for name, size in (
-            ("position", 2),
-            ("orientation", 1),
-            ("linear_velocity", 2),
-            ("angular_velocity", 1),
-        ):
-            value = tuple(getattr(self, name))
-            if len(value) != size:
-                raise ValueError(f"planar base {name} names {size} components, got {list(value)}")
-            object.__setattr__(self, name, value)
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        """All six names: x, z, pitch, vx, vz, pitch rate."""
-        return self.position + self.orientation + self.linear_velocity + self.angular_velocity
+        self._check_sizes()
 
     @property
     def angles(self) -> tuple[str, ...]:
@@ -191,47 +189,6 @@ class PlanarBase:
     @property
     def unsupervised(self) -> tuple[str, ...]:
         return ()
-
-    def indices(self, state_names: Sequence[str]) -> PlanarBaseIndices:
-        """Where each component sits in ``state_names``.
-
-        :raises ValueError: a component is missing, naming it.
-        """
-        where = _indices(self.names, state_names)
-        return PlanarBaseIndices(
-            tuple(where[n] for n in self.position),  # type: ignore[arg-type]
-            tuple(where[n] for n in self.orientation),  # type: ignore[arg-type]
-            tuple(where[n] for n in self.linear_velocity),  # type: ignore[arg-type]
-            tuple(where[n] for n in self.angular_velocity),  # type: ignore[arg-type]
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "position": list(self.position),
-            "orientation": list(self.orientation),
-            "linear_velocity": list(self.linear_velocity),
-            "angular_velocity": list(self.angular_velocity),
-        }
-
-    @classmethod
-    def from_dict(cls, value: Mapping[str, Any]) -> PlanarBase:
-        return cls(
-            tuple(value["position"]),  # type: ignore[arg-type]
-            tuple(value["orientation"]),  # type: ignore[arg-type]
-            tuple(value["linear_velocity"]),  # type: ignore[arg-type]
-            tuple(value["angular_velocity"]),  # type: ignore[arg-type]
-        )
-
-
-@dataclass(frozen=True)
-class PlanarBaseIndices:
-    """A :class:`PlanarBase` as indices into a state vector."""
-
-    position: tuple[int, int]
-    orientation: tuple[int]
-    linear_velocity: tuple[int, int]
-    angular_velocity: tuple[int]
 
 
 def planar_base(joints: Sequence[str], qpos: str = "qpos", qvel: str = "qvel") -> PlanarBase:
