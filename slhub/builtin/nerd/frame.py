@@ -32,9 +32,9 @@ of a base's kind.
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from slhub.builtin.nerd.base import FloatingBaseIndices, PlanarBaseIndices, RobotBase
+from slhub.builtin.nerd.columns import BaseColumns
 from slhub.builtin.nerd.planar_frame import PlanarFrame
 
 #: Gravity's direction in world coordinates (MuJoCo's z axis points up).
@@ -106,35 +106,20 @@ def quat_log(q: torch.Tensor) -> torch.Tensor:
     return scale * u
 
 
-class BaseFrame(nn.Module):
-    """The base's columns of a state vector and the conversions between frames.
-
-    Holds index buffers only (not saved: the layout names the base), so a model's
-    state dict is the same with or without it.
-    """
+class BaseFrame(BaseColumns):
+    """A free joint's columns of a state vector and the conversions between frames."""
 
     #: Gravity's direction in the base frame: x, y and z.
     gravity_dim = 3
 
     def __init__(self, base: FloatingBaseIndices, state_dim: int) -> None:
-        super().__init__()
         columns = base.position + base.orientation + base.linear_velocity + base.angular_velocity
-        rest = [i for i in range(state_dim) if i not in columns]
-        order = list(columns) + rest
-        inverse = sorted(range(state_dim), key=order.__getitem__)
-        self.state_dim = state_dim
-        self.register_buffer("base_columns", torch.tensor(columns), persistent=False)
-        self.register_buffer("rest_columns", torch.tensor(rest, dtype=torch.int64), False)
-        self.register_buffer("inverse", torch.tensor(inverse), persistent=False)
+        super().__init__(columns, state_dim)
         self.quaternion_column = base.orientation[0]
 
     def _split(self, state: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        base = state.index_select(-1, self.base_columns)
-        rest = state.index_select(-1, self.rest_columns)
+        base, rest = self._columns(state)
         return base[..., 0:3], base[..., 3:7], base[..., 7:10], base[..., 10:13], rest
-
-    def _join(self, *parts: torch.Tensor) -> torch.Tensor:
-        return torch.cat(parts, dim=-1).index_select(-1, self.inverse)
 
     def gravity(self, q: torch.Tensor) -> torch.Tensor:
         """Gravity's direction in the base frame of orientation ``q``."""

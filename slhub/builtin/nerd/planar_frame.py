@@ -24,9 +24,9 @@ arithmetic, no in-place writes: the ONNX graph holds the same math.
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from slhub.builtin.nerd.base import PlanarBaseIndices
+from slhub.builtin.nerd.columns import BaseColumns
 from slhub.data import wrap_angle
 
 
@@ -43,35 +43,25 @@ def to_base_xz(pitch: torch.Tensor, x: torch.Tensor, z: torch.Tensor) -> tuple[t
     return c * x - s * z, s * x + c * z
 
 
-class PlanarFrame(nn.Module):
-    """The planar base's columns of a state vector and the conversions between frames.
-
-    Holds index buffers only (not saved), like :class:`~slhub.builtin.nerd.frame.BaseFrame`.
-    """
+class PlanarFrame(BaseColumns):
+    """The planar base's columns of a state vector and the conversions between frames."""
 
     #: Gravity's direction in the base frame: its x and z components.
     gravity_dim = 2
 
     def __init__(self, base: PlanarBaseIndices, state_dim: int) -> None:
-        super().__init__()
         columns = base.position + base.orientation + base.linear_velocity + base.angular_velocity
-        rest = [i for i in range(state_dim) if i not in columns]
-        order = list(columns) + rest
-        inverse = sorted(range(state_dim), key=order.__getitem__)
-        self.state_dim = state_dim
-        self.register_buffer("base_columns", torch.tensor(columns), persistent=False)
-        self.register_buffer("rest_columns", torch.tensor(rest, dtype=torch.int64), False)
-        self.register_buffer("inverse", torch.tensor(inverse), persistent=False)
+        super().__init__(columns, state_dim)
 
     def _split(self, state: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """x, z, pitch, vx, vz, pitch rate (each ``[...]``) and the rest ``[..., R]``."""
-        base = state.index_select(-1, self.base_columns)
-        rest = state.index_select(-1, self.rest_columns)
+        base, rest = self._columns(state)
         return (*base.unbind(-1), rest)
 
     def _join(self, *parts: torch.Tensor) -> torch.Tensor:
+        """Six base components (each ``[...]``) and the rest, in the state's order."""
         *base, rest = parts
-        return torch.cat([torch.stack(base, dim=-1), rest], dim=-1).index_select(-1, self.inverse)
+        return super()._join(torch.stack(base, dim=-1), rest)
 
     def pose(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The base's position ``[..., 3]`` (x, 0, z) and unit quaternion ``[..., 4]`` (the
