@@ -129,6 +129,33 @@ def test_an_export_of_another_robot_is_refused_in_one_line(change: str, words: s
     assert "\n" not in str(info.value)
 
 
+def _extra_inputs_seen(extra: tuple[str, ...], expected) -> tuple[np.ndarray, np.ndarray]:
+    """The extra inputs the learned Hopper-v5 hands its model over 30 zero-action steps,
+    and ``expected(model, data)`` at the state each step starts from."""
+    export = TruthExport("Hopper-v5", extra=extra)
+    seen: list[np.ndarray] = []
+    step = _TruthSimulator.step
+    learned = LearnedEnv("Hopper-v5", export)
+    nu = learned.env.unwrapped.model.nu
+
+    def recording(self: _TruthSimulator, action: torch.Tensor) -> torch.Tensor:
+        seen.append(action[0, nu:].numpy().copy())
+        return step(self, action)
+
+    learned.reset(seed=0)
+    raw = learned.env.unwrapped
+    wanted = []
+    _TruthSimulator.step = recording
+    try:
+        for _ in range(30):
+            wanted.append(expected(raw.model, raw.data))
+            learned.step(np.zeros(3))
+    finally:
+        _TruthSimulator.step = step
+        learned.close()
+    return np.array(seen), np.array(wanted)
+
+
 def test_contact_inputs_are_computed_from_the_state_as_collect_records_them():
     """Hopper-v5 with the contact feature as extra inputs: each step's extra is the
     per-body normal force of the state it starts from (the foot on the floor)."""
@@ -136,29 +163,12 @@ def test_contact_inputs_are_computed_from_the_state_as_collect_records_them():
     from slhub.sim.names import body_names
 
     model = gymnasium.make("Hopper-v5").unwrapped.model
-    extra = tuple(f"contact.{b}" for b in body_names(model))
-    export = TruthExport("Hopper-v5", extra=extra)
-    seen: list[np.ndarray] = []
-    step = _TruthSimulator.step
-
-    def recording(self: _TruthSimulator, action: torch.Tensor) -> torch.Tensor:
-        seen.append(action[0, model.nu :].numpy().copy())
-        return step(self, action)
-
-    learned = LearnedEnv("Hopper-v5", export)
-    learned.reset(seed=0)
-    raw = learned.env.unwrapped
-    wanted = []
-    _TruthSimulator.step = recording
-    try:
-        for _ in range(30):
-            wanted.append(body_contact_forces(mujoco, raw.model, raw.data))
-            learned.step(np.zeros(3))
-    finally:
-        _TruthSimulator.step = step
-    np.testing.assert_array_equal(np.array(seen), np.array(wanted))
-    assert np.array(seen)[:, -1].max() > 0  # the foot touched the floor
-    learned.close()
+    seen, wanted = _extra_inputs_seen(
+        tuple(f"contact.{b}" for b in body_names(model)),
+        lambda model, data: body_contact_forces(mujoco, model, data),
+    )
+    np.testing.assert_array_equal(seen, wanted)
+    assert seen[:, -1].max() > 0  # the foot touched the floor
 
 
 def test_contact_geometry_inputs_are_computed_from_the_state_as_collect_records_them():
@@ -167,28 +177,12 @@ def test_contact_geometry_inputs_are_computed_from_the_state_as_collect_records_
     from slhub.sim.contacts import contact_geometry, contact_geoms, geometry_names
 
     model = gymnasium.make("Hopper-v5").unwrapped.model
-    export = TruthExport("Hopper-v5", extra=geometry_names(model))
-    seen: list[np.ndarray] = []
-    step = _TruthSimulator.step
-
-    def recording(self: _TruthSimulator, action: torch.Tensor) -> torch.Tensor:
-        seen.append(action[0, model.nu :].numpy().copy())
-        return step(self, action)
-
-    learned = LearnedEnv("Hopper-v5", export)
-    learned.reset(seed=0)
-    raw = learned.env.unwrapped
-    wanted = []
-    _TruthSimulator.step = recording
-    try:
-        for _ in range(30):
-            wanted.append(contact_geometry(raw.model, raw.data, contact_geoms(raw.model)))
-            learned.step(np.zeros(3))
-    finally:
-        _TruthSimulator.step = step
-    np.testing.assert_array_equal(np.array(seen), np.array(wanted))
-    assert np.array(seen)[:, -1].max() == 1.0  # the foot's slot became active
-    learned.close()
+    seen, wanted = _extra_inputs_seen(
+        geometry_names(model),
+        lambda model, data: contact_geometry(model, data, contact_geoms(model)),
+    )
+    np.testing.assert_array_equal(seen, wanted)
+    assert seen[:, -1].max() == 1.0  # the foot's slot became active
 
 
 @pytest.mark.slow
