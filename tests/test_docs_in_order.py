@@ -1082,7 +1082,7 @@ def _validation(run_dir: Path) -> dict[int, float]:
 
 def _published(value: float, shown: float | str) -> bool:
     """A figure as published: to the digits it shows (``"0.00140"``: five), or within a
-    range it states over instruction sets (``"0.650–0.777"``, ends included)."""
+    spread it states over CPUs (``"0.6–0.8"``: rounded to one digit, ends included)."""
     low, _, high = str(shown).partition("–")
     digits = len(low.split(".")[1])
     return float(low) <= round(value, digits) <= float(high or low)
