@@ -48,8 +48,8 @@ FRAMES = ("world", "body")
 CONTACTS = {"force": "contact", "geometry": "contact_geometry"}
 MEASURES = ("base_position", "base_orientation", "joint_position")
 UNITS = {"base_position": "m", "base_orientation": "rad", "joint_position": "rad"}
-PASSIVE_HORIZONS = (10, 100, 500)
-ACTUATED_HORIZONS = (10, 100)
+#: The horizons judged per setting, in the table's column order.
+HORIZONS = {"passive": (10, 100, 500), "actuated": (10, 100)}
 #: Judged episodes per setting: (actions, steps); passive ones give 500 predicted steps
 #: after a window of up to 10.
 SETTINGS = {"actuated": ("smooth", 300), "passive": ("zero", 510)}
@@ -123,7 +123,7 @@ def merge(parts: list[Path], dst: Path) -> None:
         for index, length in enumerate(store.lengths)
     ]
     names = {key: stores[0].features[key].names for key in keys if stores[0].features[key].names}
-    sources = [json.loads((part / "meta.json").read_text())["source"] for part in parts]
+    sources = [store.source for store in stores]
     source = {**sources[0], "episodes": len(episodes), "parts": sources}
     source["actions"] = "+".join(str(s["actions"]) for s in sources)
     write_store(ArrayEpisodes(episodes, fps=stores[0].fps, names=names), dst, provenance=source)
@@ -147,23 +147,19 @@ def train_and_judge(
     if not (folder / f"step_{steps}.pt").exists():
         resume = ["--resume", "auto"] if (folder / "run.json").exists() else []
         run(slhub("train", "--config", str(robot.recipe), *sets, *resume), log)
-    horizons = {"actuated": ACTUATED_HORIZONS, "passive": PASSIVE_HORIZONS}
-    return {
-        setting: judge(robot, folder, setting, horizons[setting], episodes) for setting in SETTINGS
-    }
+    return {setting: judge(robot, folder, setting, episodes) for setting in SETTINGS}
 
 
-def judge(
-    robot: Robot, folder: Path, setting: str, horizons: tuple[int, ...], episodes: int
-) -> dict[str, float]:
+def judge(robot: Robot, folder: Path, setting: str, episodes: int) -> dict[str, float]:
     """``slhub eval --env`` of the run's last checkpoint, kept in ``<setting>.json``."""
     kept = folder / f"{setting}.json"
     if not kept.exists():
         actions, steps = SETTINGS[setting]
+        horizons = ", ".join(map(str, HORIZONS[setting]))
         command = slhub("eval", "--checkpoint", str(folder / "last.pt"),
                         "--env", f"gymnasium:{robot.env}", "--actions", actions,
                         "--episodes", str(episodes), "--steps", str(steps), "--seed", "1000",
-                        "--set", f"validation.horizons=[{', '.join(map(str, horizons))}]",
+                        "--set", f"validation.horizons=[{horizons}]",
                         "--json")  # fmt: skip
         _say("$ " + " ".join(command[2:]))
         done = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -178,7 +174,7 @@ def figures(results: dict[str, Any], kind: str) -> dict[str, Any]:
     table: dict[str, Any] = {}
     for measure in MEASURES:
         row: dict[str, list[float]] = {}
-        for setting, horizons in (("passive", PASSIVE_HORIZONS), ("actuated", ACTUATED_HORIZONS)):
+        for setting, horizons in HORIZONS.items():
             for k in horizons:
                 row[f"{setting}_{k}"] = [r[setting][f"{kind}_{measure}_{k}"] for r in results]
         table[measure] = row
@@ -195,9 +191,7 @@ def _cell(values: list[float], best: bool) -> str:
 
 def markdown(rows: dict[str, dict[str, Any]]) -> str:
     """One table: a block of rows per measure, the best mean of each column in bold."""
-    columns = [f"passive_{k}" for k in PASSIVE_HORIZONS] + [
-        f"actuated_{k}" for k in ACTUATED_HORIZONS
-    ]
+    columns = [f"{setting}_{k}" for setting, horizons in HORIZONS.items() for k in horizons]
     head = ["measure", "model"] + [c.replace("_", " ") + " steps" for c in columns]
     lines = [f"| {' | '.join(head)} |", "|" + "---|" * len(head)]
     for measure in MEASURES:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib
 import re
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -18,12 +17,8 @@ DOCS = REPO / "docs"
 PUBLIC = ("slhub", "slhub.export", "slhub.sim", "slhub.testing")
 
 
-def _script() -> ModuleType:
-    return script_module("hook_reference")
-
-
 def test_hook_reference_in_docs_is_current():
-    script = _script()
+    script = script_module("hook_reference")
     text = (DOCS / "hooks.md").read_text(encoding="utf-8")
     assert script.splice(text, script.render()) == text, (
         "docs/hooks.md is stale: run python scripts/hook_reference.py"
@@ -31,7 +26,7 @@ def test_hook_reference_in_docs_is_current():
 
 
 def test_hook_reference_check_reports_a_stale_page(tmp_path: Path, capsys):
-    script = _script()
+    script = script_module("hook_reference")
     page = tmp_path / "hooks.md"
     text = (DOCS / "hooks.md").read_text(encoding="utf-8")
     page.write_text(text.replace("## `sample`", "## `sample` (edited by hand)"), encoding="utf-8")
@@ -45,8 +40,8 @@ def test_hook_reference_check_reports_a_stale_page(tmp_path: Path, capsys):
 def test_hook_reference_documents_every_hook_and_protocol_member():
     from slhub import hookspecs
 
-    reference = _script().render()
-    for name in _script().hookspecs_of(hookspecs):
+    reference = script_module("hook_reference").render()
+    for name in script_module("hook_reference").hookspecs_of(hookspecs):
         assert re.search(rf"^## `{name.__name__}`", reference, re.M), name.__name__
     members = [n for n in vars(hookspecs.Trainer) if not n.startswith("_")]
     members += list(hookspecs.Trainer.__annotations__)

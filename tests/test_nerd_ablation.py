@@ -14,8 +14,7 @@ from helpers import script_module
 def _result(script, value: float) -> dict:
     """One run's actuated validation line and passive evaluation, every figure ``value``."""
     out: dict = {"actuated": {}, "passive": {}}
-    for setting, horizons in (("passive", script.PASSIVE_HORIZONS),
-                              ("actuated", script.ACTUATED_HORIZONS)):  # fmt: skip
+    for setting, horizons in script.HORIZONS.items():
         for kind in ("selfcontact", "rollout", "baseline", "linear"):
             for measure in script.MEASURES:
                 for k in horizons:

@@ -73,7 +73,8 @@ class _FourGroups:
     #: The indices dataclass of this kind (its fields are :data:`FIELDS`).
     index_type: ClassVar[type]
 
-    def _check_sizes(self) -> None:
+    def __post_init__(self) -> None:
+        """Each group holds its kind's number of names (stored as a tuple)."""
         for name, size in zip(FIELDS, self.sizes, strict=True):
             value = tuple(getattr(self, name))
             if len(value) != size:
@@ -125,9 +126,6 @@ class FloatingBase(_FourGroups):
     sizes: ClassVar[tuple[int, int, int, int]] = (3, 4, 3, 3)
     index_type: ClassVar[type] = FloatingBaseIndices
 
-    def __post_init__(self) -> None:
-        self._check_sizes()
-
     @property
     def angles(self) -> tuple[str, ...]:
         """None: the orientation is a quaternion."""
@@ -177,9 +175,6 @@ class PlanarBase(_FourGroups):
     kind: ClassVar[str] = PLANAR
     sizes: ClassVar[tuple[int, int, int, int]] = (2, 1, 2, 1)
     index_type: ClassVar[type] = PlanarBaseIndices
-
-    def __post_init__(self) -> None:
-        self._check_sizes()
 
     @property
     def angles(self) -> tuple[str, ...]:
