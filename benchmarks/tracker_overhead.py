@@ -1,7 +1,7 @@
 """What an experiment tracker adds to an update: slhub on the sl_ddp workload with and
 without the W&B plugin (``wandb.mode: offline``), in one run.
 
-    OMP_NUM_THREADS=1 python benchmarks/tracker_overhead.py                  # 2000 updates, 5 pairs
+    OMP_NUM_THREADS=1 python benchmarks/tracker_overhead.py                # 20000 updates, 5 pairs
     OMP_NUM_THREADS=1 python benchmarks/tracker_overhead.py --updates 200 --repeats 1   # smoke
 
 Both contestants are ``python -m slhub train`` on ``examples/sl_ddp/cpu.yaml`` with the
@@ -51,7 +51,7 @@ def tracked_command(updates: int, output_dir: Path, workers: int, recipe: Path) 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--updates", type=int, default=2000)
+    parser.add_argument("--updates", type=int, default=20000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--keep", type=Path, default=None, help="keep the run folders here")
@@ -85,12 +85,14 @@ def main(argv: list[str] | None = None) -> int:
         if not verdict.startswith("same"):
             raise SystemExit(f"repetition {rep}: the tracked run differs: {verdict}")
         plain, tracked = result["plain"]["per_update_ms"], result["tracked"]["per_update_ms"]
+        after = {name: run["teardown_s"] for name, run in result.items()}
         plain_ms.append(plain)
         tracked_ms.append(tracked)
         ratios.append(tracked / plain)
         print(
             f"pair {rep}: update {plain:.3f} ms plain, {tracked:.3f} ms tracked, "
-            f"ratio {tracked / plain:.3f}",
+            f"ratio {tracked / plain:.3f}; last update to exit {after['plain']:.2f} s plain, "
+            f"{after['tracked']:.2f} s tracked",
             flush=True,
         )
     print(

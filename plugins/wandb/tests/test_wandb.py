@@ -275,3 +275,29 @@ def test_two_gloo_workers_preempted_and_resumed_in_place(tmp_path: Path, offline
     assert len(list((run / "wandb").glob("*run-*"))) == 2  # no run of rank 1's
     assert shown(run) == expected(run)
     assert resume_rows(run) == [(14, 13)]
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs a platform with CPU affinity and at least two CPUs",
+)
+def test_the_mirror_keeps_to_one_cpu_at_a_lower_priority():
+    """The mirror (and W&B's service, which inherits it) keeps to the highest-numbered
+    CPU it may use, at nice NICENESS above where it started; training keeps the others."""
+    import subprocess
+    import sys
+
+    from slhub_wandb.mirror import NICENESS
+
+    first, second = sorted(os.sched_getaffinity(0))[:2]
+    probe = (
+        "import os; from slhub_wandb.mirror import keep_out_of_the_way; "
+        f"os.sched_setaffinity(0, {{{first}, {second}}}); before = os.nice(0); "
+        "keep_out_of_the_way(); print(sorted(os.sched_getaffinity(0)), before, os.nice(0))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout
+    cpus, before, after = out.rsplit(maxsplit=2)
+    assert cpus == f"[{second}]"
+    assert int(after) == min(int(before) + NICENESS, 19)

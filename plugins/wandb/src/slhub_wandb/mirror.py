@@ -13,9 +13,14 @@ stdin: it logs every line written until then, records the status in the summary
 and finishes the W&B run. If stdin closes without that line (rank 0 was killed)
 it does the same with status ``failed``. It ignores SIGINT and SIGTERM (a
 scheduler signals the whole process group) and runs in its own session, so a
-preempted run's last lines still reach W&B. It runs at a lower scheduling priority
-(nice :data:`NICENESS`, inherited by W&B's service process) so that on a busy
-machine training gets the CPU first and the mirror catches up when it finishes.
+preempted run's last lines still reach W&B.
+
+It keeps out of training's way: at a lower scheduling priority (nice
+:data:`NICENESS`) and, where the process may use more than one CPU, on one CPU
+only (:func:`spare_cpus`), both inherited by W&B's service process. Left free to
+run anywhere, W&B's threads land beside the update on its own CPU and slow it,
+even with a CPU idle; kept on one, training has the others. On a busy machine
+training gets the CPU first and the mirror catches up when it finishes.
 """
 
 from __future__ import annotations
@@ -147,11 +152,28 @@ def read_commands(closing: threading.Event, outcome: list[Closing]) -> None:
     closing.set()
 
 
-def main() -> int:
+def spare_cpus(allowed: set[int]) -> set[int]:
+    """The CPUs the mirror keeps to: the highest-numbered one it may use, when it may
+    use several (the scheduler then keeps training on the others); else all of them."""
+    return {max(allowed)} if len(allowed) > 1 else set(allowed)
+
+
+def keep_out_of_the_way() -> None:
+    """Lower this process's priority and keep it to :func:`spare_cpus` (where the
+    platform has neither, the mirror runs as it is)."""
     try:
         os.nice(NICENESS)
     except OSError:
-        pass  # a platform without priorities: mirror at the same one
+        pass
+    if hasattr(os, "sched_getaffinity"):
+        try:
+            os.sched_setaffinity(0, spare_cpus(os.sched_getaffinity(0)))
+        except OSError:
+            pass
+
+
+def main() -> int:
+    keep_out_of_the_way()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     spec = MirrorSpec(**json.loads(sys.stdin.readline()))
