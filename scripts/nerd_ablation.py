@@ -5,16 +5,18 @@ baselines.
 
 1. Collect each robot's training episodes once with both contact forms (``slhub data
    collect ... --contacts force,geometry``): the recipe header's smooth random actions
-   and, from the same reset, :data:`ZERO_EPISODES` episodes with every control 0, so
-   that the model also sees the robot coming to rest. One store holds both
-   (:func:`merge`).
+   from the env's reset and ``--passive-episodes`` episodes with every control 0 from
+   random initial states (``--init random``: the robot turned, moving and dropped, as
+   NeRD starts its episodes), so that the model also sees it fall, bounce and come to
+   rest. One store holds both (:func:`merge`).
 2. Train the robot's recipe (``examples/nerd/<robot>/sl.train.yaml``) four ways,
    ``model.frame`` world or body and ``data.features.extra`` ``[contact]`` or
    ``[contact_geometry]``, once per ``--seeds`` (``trainer.seed``: the weights' start
    and the batches; the data is the same).
 3. Judge every run with ``slhub eval --env gymnasium:<env>`` on the same fresh episodes
-   (seed 1000): actuated (smooth random actions, 300 steps) at 10 and 100 steps, and
-   passive (``--actions zero``, 510 steps) at 10, 100 and 500.
+   (seed 1000): actuated (smooth random actions from the env's reset, 300 steps) at 10
+   and 100 steps, and passive (``--actions zero --init random``, 510 steps, as NeRD
+   judges passive motion) at 10, 100 and 500.
 4. Print one markdown table per robot and write every figure to ``OUT/ablation.json``:
    per configuration and measure, the mean over seeds with the smallest and largest.
 
@@ -50,10 +52,11 @@ MEASURES = ("base_position", "base_orientation", "joint_position")
 UNITS = {"base_position": "m", "base_orientation": "rad", "joint_position": "rad"}
 #: The horizons judged per setting, in the table's column order.
 HORIZONS = {"passive": (10, 100, 500), "actuated": (10, 100)}
-#: Judged episodes per setting: (actions, steps); passive ones give 500 predicted steps
-#: after a window of up to 10.
-SETTINGS = {"actuated": ("smooth", 300), "passive": ("zero", 510)}
-#: Training episodes with every control 0, beside the recipe's smooth-action ones.
+#: Judged episodes per setting: (actions, steps, init); passive ones give 500 predicted
+#: steps after a window of up to 10.
+SETTINGS = {"actuated": ("smooth", 300, "reset"), "passive": ("zero", 510, "random")}
+#: Training episodes with every control 0, beside the recipe's smooth-action ones
+#: (``--passive-episodes``).
 ZERO_EPISODES = 50
 BASELINES = {"baseline": "state held", "linear": "change held"}
 
@@ -93,18 +96,19 @@ def run(command: list[str], log: Path) -> None:
         raise SystemExit(f"{' '.join(command[2:])} failed ({done.returncode}); see {log}")
 
 
-def collect(robot: Robot, dst: Path, log: Path) -> None:
-    """The robot's smooth-action and zero-action episodes, one store at ``dst``."""
+def collect(robot: Robot, dst: Path, log: Path, passive: int = ZERO_EPISODES) -> None:
+    """The robot's smooth-action and ``passive`` zero-action episodes, one store at ``dst``."""
     if dst.exists():
         return
     parts = []
-    for actions, episodes, seed in (("smooth", robot.episodes, 0), ("zero", ZERO_EPISODES, 1)):
+    kinds = (("smooth", robot.episodes, 0, "reset"), ("zero", passive, 1, "random"))
+    for actions, episodes, seed, init in kinds:
         part = dst.with_name(f"{dst.name}_{actions}")
         if not part.exists():
             run(slhub("data", "collect", str(part), "--env", f"gymnasium:{robot.env}",
                       "--episodes", str(episodes), "--steps", str(robot.steps),
-                      "--actions", actions, "--seed", str(seed), "--through-termination",
-                      "--contacts", "force,geometry"), log)  # fmt: skip
+                      "--actions", actions, "--init", init, "--seed", str(seed),
+                      "--through-termination", "--contacts", "force,geometry"), log)  # fmt: skip
         parts.append(part)
     merge(parts, dst)
 
@@ -125,7 +129,8 @@ def merge(parts: list[Path], dst: Path) -> None:
     names = {key: stores[0].features[key].names for key in keys if stores[0].features[key].names}
     sources = [store.source for store in stores]
     source = {**sources[0], "episodes": len(episodes), "parts": sources}
-    source["actions"] = "+".join(str(s["actions"]) for s in sources)
+    for key in ("actions", "init"):
+        source[key] = "+".join(str(s.get(key)) for s in sources)
     write_store(ArrayEpisodes(episodes, fps=stores[0].fps, names=names), dst, provenance=source)
 
 
@@ -154,10 +159,10 @@ def judge(robot: Robot, folder: Path, setting: str, episodes: int) -> dict[str, 
     """``slhub eval --env`` of the run's last checkpoint, kept in ``<setting>.json``."""
     kept = folder / f"{setting}.json"
     if not kept.exists():
-        actions, steps = SETTINGS[setting]
+        actions, steps, init = SETTINGS[setting]
         horizons = ", ".join(map(str, HORIZONS[setting]))
         command = slhub("eval", "--checkpoint", str(folder / "last.pt"),
-                        "--env", f"gymnasium:{robot.env}", "--actions", actions,
+                        "--env", f"gymnasium:{robot.env}", "--actions", actions, "--init", init,
                         "--episodes", str(episodes), "--steps", str(steps), "--seed", "1000",
                         "--set", f"validation.horizons=[{horizons}]",
                         "--json")  # fmt: skip
@@ -211,13 +216,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--updates", type=int, help="training updates (default: the recipe's)")
     parser.add_argument("--episodes", type=int, default=16, help="judged episodes per setting")
+    parser.add_argument(
+        "--passive-episodes",
+        type=int,
+        default=ZERO_EPISODES,
+        help="training episodes with every control 0 from random initial states",
+    )
     parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 1)))
     args = parser.parse_args(argv)
     started = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "runs").mkdir(exist_ok=True)
     for name in args.robots:
-        collect(ROBOTS[name], args.out / "data" / name, args.out / f"collect_{name}.log")
+        collect(
+            ROBOTS[name], args.out / "data" / name, args.out / f"collect_{name}.log",
+            args.passive_episodes,
+        )  # fmt: skip
     work = [(name, frame, contacts, seed) for name in args.robots for frame in FRAMES
             for contacts in CONTACTS for seed in args.seeds]  # fmt: skip
     with ThreadPoolExecutor(args.jobs) as pool:
@@ -230,7 +244,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for job in work
         }  # fmt: skip
         done = {job: future.result() for job, future in futures.items()}
-    report: dict[str, Any] = {"seeds": args.seeds, "updates": args.updates, "robots": {}}
+    report: dict[str, Any] = {
+        "seeds": args.seeds,
+        "updates": args.updates,
+        "passive_episodes": args.passive_episodes,
+        "robots": {},
+    }
     for name in args.robots:
         per_config = {
             f"{frame}, {contacts}": [done[(name, frame, contacts, s)] for s in args.seeds]

@@ -15,7 +15,8 @@ what the model is:
   the recipe's ``time_budget_s`` is dropped, so all N episodes run;
 - a learned simulator (a model reading recorded episodes, whose ``data`` section has a
   ``path``): fresh episodes are collected from the simulator first (fresh initial
-  states from the simulator's resets, with ``--actions``, recording the contact inputs
+  states from the simulator's resets, or drawn around them with ``--init random``
+  (:mod:`slhub.sim.initial_states`), with ``--actions``, recording the contact inputs
   the run's dataset recorded), so it is judged against the real one on trajectories it
   never saw; a simulator (or a ``--set data.path=...``
   dataset) whose components differ from the ones the model was trained on (another
@@ -50,6 +51,7 @@ from slhub.errors import CheckpointError, DatasetError, RecipeError, SlhubError,
 from slhub.export.writer import choose_exporter
 from slhub.hookspecs import Trainer
 from slhub.recipe import apply_overrides, format_validation_error
+from slhub.sim.initial_states import INITS
 from slhub.standalone import Standalone
 
 #: ``--actions``: how fresh episodes' actions are drawn (:mod:`slhub.sim.actions`).
@@ -97,6 +99,7 @@ def prepared(
     actions: str = "smooth",
     through_termination: bool = True,
     video: str | Path | None = None,
+    init: str = "reset",
 ) -> Iterator[Prepared]:
     """The checkpoint's model, ready to validate on the data the options choose (fresh
     ``env`` episodes are collected into a temporary folder, removed on exit).
@@ -105,6 +108,8 @@ def prepared(
         limit (default: the recipe's ``validation.env.max_steps``, else the env's).
     :param video: with ``env`` and a policy, the mp4 file of the first rollout (its folder
         must exist).
+    :param init: where collected episodes start: ``reset`` (the env's) or ``random``
+        (:mod:`slhub.sim.initial_states`); a policy's rollouts start at the env's reset.
 
     :raises CheckpointError: a v1 checkpoint (it records no recipe), or a damaged one.
     :raises DatasetError: the run's dataset changed since it was trained.
@@ -112,6 +117,8 @@ def prepared(
     :raises RecipeError, PluginError, SimulatorError: a bad option, override, plugin or env.
     """
     _check_options(env, episodes, steps, seed, actions, video)
+    if init not in INITS:
+        raise RecipeError(f"--init must be one of {', '.join(INITS)}, got {shown(init)}")
     path = Path(checkpoint_path)
     ckpt = checkpoint.load(path)
     if ckpt.version != 2 or not ckpt.recipe:
@@ -139,6 +146,11 @@ def prepared(
                 "(its validation section has no env) nor read collected episodes (its data "
                 "section has no path), so it cannot be judged in a simulator; leave --env out"
             )
+        if env is not None and rolls_out and init != "reset":
+            raise RecipeError(
+                f"--init {shown(init)}: plugin {plugins.model.name}'s model is a policy, whose "
+                "rollouts start where the env resets; leave --init out"
+            )
         if env is not None and rolls_out:
             validation = dict(recipe.get("validation") or {})
             settings = dict(validation.get("env") or {})
@@ -151,7 +163,7 @@ def prepared(
         elif env is not None:
             collected = _collect(
                 env, episodes, steps or 200, seed, actions, through_termination,
-                _contact_kinds(ckpt),
+                _contact_kinds(ckpt), init,
             )  # fmt: skip
             data = dict(recipe.get("data") or {})
             data["path"] = str(collected / "episodes")
@@ -374,6 +386,7 @@ def _collect(
     actions: str,
     through_termination: bool,
     contacts: str = "force",
+    init: str = "reset",
 ) -> Path:
     from slhub.sim import collect
 
@@ -383,7 +396,7 @@ def _collect(
     try:
         collect(
             folder / "episodes", env, episodes=episodes + 1, steps=steps, actions=actions,
-            seed=seed, through_termination=through_termination, contacts=contacts,
+            seed=seed, through_termination=through_termination, contacts=contacts, init=init,
         )  # fmt: skip
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)

@@ -167,6 +167,8 @@ def test_a_policy_refuses_bad_numbers_and_videos_in_one_line(root, tmp_path, cap
     assert "does not exist" in line
     assert "needs --env" in _refused(capsys, ckpt, "--video", str(tmp_path / "v.mp4"))
     assert "bc.hidden" in _refused(capsys, ckpt, "--set", "bc.hidden=-1")
+    line = _refused(capsys, ckpt, "--env", ENV, "--init", "random")
+    assert "--init random: plugin bc's model is a policy" in line and "leave --init out" in line
     assert _files(tmp_path) == before
 
 

@@ -48,9 +48,10 @@ def test_merge_keeps_every_episode_and_the_first_parts_record(tmp_path):
 
     script = script_module("nerd_ablation")
     parts = [tmp_path / "hopper_smooth", tmp_path / "hopper_zero"]
-    for part, actions, episodes in zip(parts, ("smooth", "zero"), (2, 1), strict=True):
+    kinds = (("smooth", 2, "reset"), ("zero", 1, "random"))
+    for part, (actions, episodes, init) in zip(parts, kinds, strict=True):
         collect(part, "gymnasium:Hopper-v5", episodes=episodes, steps=12, actions=actions,
-                seed=0, through_termination=True, contacts="force,geometry")  # fmt: skip
+                seed=0, through_termination=True, contacts="force,geometry", init=init)  # fmt: skip
     script.merge(parts, tmp_path / "hopper")
     merged, stores = open_dataset(tmp_path / "hopper"), [open_dataset(p) for p in parts]
     pairs = [(s, i) for s in stores for i in range(s.num_episodes)]
@@ -67,4 +68,5 @@ def test_merge_keeps_every_episode_and_the_first_parts_record(tmp_path):
     assert source["env"] == first["env"] == "gymnasium:Hopper-v5"
     assert source["floating_base"] == first["floating_base"] is not None
     assert source["actions"] == "smooth+zero" and source["episodes"] == 3
+    assert source["init"] == "reset+random"
     assert [p["actions"] for p in source["parts"]] == ["smooth", "zero"]

@@ -161,15 +161,16 @@ def test_the_example_recipe_holds_docs_claims_on_every_measure(tmp_path: Path):
 
 
 def test_ant_passive_motion_reports_nerds_measures(tmp_path: Path, capsys):
-    """Ant-v5's free base: a tiny run on passive-motion episodes (``--actions zero``) logs
-    base position, base orientation and joint position errors for the model and both
-    baselines, and ``slhub eval`` on fresh passive episodes prints them."""
+    """Ant-v5's free base: a tiny run on passive-motion episodes (``--actions zero`` from
+    random initial states, as NeRD judges it) logs base position, base orientation and
+    joint position errors for the model and both baselines, and ``slhub eval`` on fresh
+    passive episodes from random states prints them."""
     from slhub import cli
     from slhub.sim import collect
 
     data = tmp_path / "episodes"
     collect(data, "gymnasium:Ant-v5", episodes=4, steps=30, actions="zero", seed=0,
-            through_termination=True)  # fmt: skip
+            through_termination=True, init="random")  # fmt: skip
     run = tmp_path / "run"
     slhub.train(
         REPO / "examples" / "nerd" / "ant" / "sl.train.yaml",
@@ -188,7 +189,8 @@ def test_ant_passive_motion_reports_nerds_measures(tmp_path: Path, capsys):
     logged = _last_validation(run)
     assert all(name in logged and logged[name] >= 0 for name in measures), logged
     argv = ["eval", "--checkpoint", str(run / "last.pt"), "--env", "gymnasium:Ant-v5",
-            "--actions", "zero", "--episodes", "2", "--steps", "30"]  # fmt: skip
+            "--actions", "zero", "--init", "random", "--episodes", "2",
+            "--steps", "30"]  # fmt: skip
     assert cli.main(argv) == 0
     printed = {line.split()[0] for line in capsys.readouterr().out.splitlines() if line.strip()}
     assert set(measures) <= printed

@@ -142,6 +142,14 @@ def _add_collect(actions: Any) -> None:
         "contact; the default), geometry (per contact slot: point, normal, depth, active; "
         "feature contact_geometry) or force,geometry",
     )
+    collect.add_argument(
+        "--init",
+        choices=("reset", "random"),
+        default="reset",
+        help="where episodes start: the env's reset (default), or random: the base turned "
+        "up to 90 degrees, moving and dropped, every joint anywhere in its range and "
+        "moving, as NeRD starts its episodes",
+    )
     collect.add_argument("--render", action="store_true", help="record an RGB image per step")
     collect.add_argument(
         "--camera",
@@ -180,6 +188,7 @@ def run(args: argparse.Namespace) -> None:
                 progress=True,
                 through_termination=args.through_termination,
                 contacts=args.contacts,
+                init=args.init,
             )
         )
     else:

@@ -62,6 +62,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="with --env, the collected episodes' actions (zero: passive motion)",
     )
     evaluate.add_argument(
+        "--init",
+        choices=("reset", "random"),
+        default="reset",
+        help="with --env, where collected episodes start: the env's reset (default), or "
+        "random, as slhub data collect --init random draws them",
+    )
+    evaluate.add_argument(
         "--video",
         metavar="FILE.mp4",
         help="with --env (refused without it), a policy's first rollout as an mp4 video, "
@@ -78,7 +85,7 @@ def run(args: argparse.Namespace) -> None:
     metrics = run_eval(
         args.checkpoint, overrides=args.overrides, plugin=args.plugin, env=args.env,
         episodes=args.episodes, steps=args.steps, seed=args.seed, actions=args.actions,
-        video=args.video,
+        video=args.video, init=args.init,
     )  # fmt: skip
     print(dumps(metrics) if args.json else format_metrics(metrics))
 

@@ -24,10 +24,15 @@ feature           per step
 ``image``         uint8 ``size x size x 3`` (only with ``render``)
 ================  ======================================================================
 
+Initial states: the env's own reset (``init="reset"``), or, with ``init="random"``,
+a state drawn around it (:mod:`slhub.sim.initial_states`: the base turned, moving
+and dropped, every joint anywhere in its range and moving), as NeRD starts its
+episodes.
+
 Seeds: ``SeedSequence(seed).spawn(episodes)`` gives episode ``e`` its own child,
-split in two: one seeds the env's reset, the other the action source's
-``Generator``. Episode ``e`` is therefore the same whatever the number of
-episodes, and the same command writes a byte-identical dataset.
+split in three: one seeds the env's reset, one the action source's ``Generator``
+and one the random initial state. Episode ``e`` is therefore the same whatever the
+number of episodes, and the same command writes a byte-identical dataset.
 
 The episodes are held in memory until :func:`slhub.data.write_store` builds the
 store under a temporary name and renames it into place: a collect killed while
@@ -52,6 +57,7 @@ from slhub.data import ArrayEpisodes, write_store
 from slhub.errors import DatasetError, SimulatorError, SlhubError, one_line
 from slhub.sim.actions import KNOT_EVERY, ActionSource, Policy, make_source
 from slhub.sim.contacts import COMPONENTS, KINDS
+from slhub.sim.initial_states import INITS, RANGES
 from slhub.sim.names import planar_root
 from slhub.sim.render import FOLLOW
 from slhub.sim.simulator import Simulator, open_simulator
@@ -91,6 +97,7 @@ def collect(
     progress: bool = False,
     through_termination: bool = False,
     contacts: str = "force",
+    init: str = "reset",
 ) -> Collection:
     """Collect ``episodes`` episodes of at most ``steps`` steps of ``env`` (``PREFIX:ENV``)
     into a new store at ``destination``.
@@ -105,6 +112,8 @@ def collect(
     :param contacts: the contact inputs recorded where geoms can touch: ``force``
         (feature ``contact``), ``geometry`` (``contact_geometry``) or both
         (``force,geometry``); :mod:`slhub.sim.contacts`.
+    :param init: where episodes start: ``reset`` (the env's) or ``random`` (drawn
+        around it; :mod:`slhub.sim.initial_states`).
     :raises DatasetError: ``destination`` exists.
     :raises SimulatorError: an unknown env, a missing library, a bad argument or policy,
         or a policy that raises (named with the episode and step; nothing is written).
@@ -114,6 +123,8 @@ def collect(
         _check_int(name, value, low)
     _check_int("--seed", seed, 0)
     kinds = contact_kinds(contacts)
+    if init not in INITS:
+        raise SimulatorError(f"--init {init!r}: one of {', '.join(INITS)}")
     if render:
         _check_int("--size", size, 1)
     if destination.exists():
@@ -124,13 +135,17 @@ def collect(
             raise SimulatorError(
                 f"--contacts geometry: simulator {simulator.name} records no contact geometry"
             )
+        if init == "random" and not hasattr(simulator, "randomize"):
+            raise SimulatorError(
+                f"--init random: simulator {simulator.name} cannot start from a random state"
+            )
         source = make_source(actions, simulator, policy=policy, noise=noise)
         if render:
             simulator.render(camera, size)  # an unknown camera or no GL: refused before simulating
         with _signals_unwind():
             recorded = _roll_out(
                 simulator, source, episodes, steps, seed, render, camera, size, progress,
-                through_termination, kinds,
+                through_termination, kinds, init,
             )  # fmt: skip
             dataset = ArrayEpisodes(
                 recorded, fps=1.0 / simulator.dt, names=_names(simulator, recorded[0])
@@ -148,6 +163,8 @@ def collect(
                 "render": {"camera": camera, "size": size} if render else None,
                 "sim_state": "mujoco mj_getState(mjSTATE_INTEGRATION)",
                 "through_termination": bool(through_termination),
+                "init": init,
+                "init_ranges": dict(RANGES) if init == "random" else None,
                 "versions": dict(simulator.versions),
                 "floating_base": floating_base(simulator),
                 **contact_provenance(simulator, recorded[0]),
@@ -170,13 +187,16 @@ def _roll_out(
     progress: bool,
     through_termination: bool = False,
     kinds: tuple[str, ...] = ("force",),
+    init: str = "reset",
 ) -> list[dict[str, np.ndarray]]:
     bar = _bar(episodes) if progress and sys.stderr.isatty() else None
     out = []
     try:
         for episode, child in enumerate(np.random.SeedSequence(seed).spawn(episodes)):
-            reset_seed, action_seed = child.spawn(2)
+            reset_seed, action_seed, init_seed = child.spawn(3)
             observation = simulator.reset(int(reset_seed.generate_state(1)[0]))
+            if init == "random":
+                observation = simulator.randomize(np.random.default_rng(init_seed))  # type: ignore[attr-defined]
             source.begin(np.random.default_rng(action_seed), steps)
             rows: dict[str, list[Any]] = {}
             for index in range(steps):

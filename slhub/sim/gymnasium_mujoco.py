@@ -22,6 +22,7 @@ import numpy as np
 
 from slhub.errors import SimulatorError, one_line
 from slhub.sim.contacts import body_contact_forces, contact_geometry, contact_geoms, slot_names
+from slhub.sim.initial_states import random_state
 from slhub.sim.names import actuator_names, body_names, joint_names, qpos_names, qvel_names
 from slhub.sim.render import FOLLOW, OffscreenCamera, import_mujoco
 from slhub.sim.simulator import Step
@@ -86,6 +87,20 @@ class GymnasiumMujoco:
         self._started = True
         self._view_fresh = False
         return _vector(observation, self.name)
+
+    def randomize(self, rng: np.random.Generator) -> np.ndarray:
+        """Redraw the state around the one :meth:`reset` left
+        (:mod:`slhub.sim.initial_states`) and return the env's observation of it."""
+        raw = self.env.unwrapped
+        if not (hasattr(raw, "set_state") and hasattr(raw, "_get_obs")):
+            raise SimulatorError(
+                f"--init random: {self.name} has no set_state/_get_obs to start from another "
+                "state (gymnasium's MuJoCo envs have both)"
+            )
+        qpos, qvel = random_state(self._mujoco, self.model, self.data, rng)
+        raw.set_state(qpos, qvel)
+        self._view_fresh = False
+        return _vector(raw._get_obs(), self.name)
 
     def step(self, action: np.ndarray) -> Step:
         action = np.asarray(action, dtype=np.float64)
