@@ -100,6 +100,8 @@ class GymnasiumMujoco:
         qpos, qvel = random_state(self._mujoco, self.model, self.data, rng)
         raw.set_state(qpos, qvel)
         self._view_fresh = False
+        # private: the env's own observation of a state set_state set has no public
+        # method (its step and reset_model call _get_obs); tests/test_private_apis.py
         return _vector(raw._get_obs(), self.name)
 
     def step(self, action: np.ndarray) -> Step:
