@@ -92,13 +92,12 @@ class GymnasiumMujoco:
         """Redraw the state around the one :meth:`reset` left
         (:mod:`slhub.sim.initial_states`) and return the env's observation of it."""
         raw = self.env.unwrapped
-        if not (hasattr(raw, "set_state") and hasattr(raw, "_get_obs")):
+        if not hasattr(raw, "_get_obs"):
             raise SimulatorError(
-                f"--init random: {self.name} has no set_state/_get_obs to start from another "
-                "state (gymnasium's MuJoCo envs have both)"
+                f"--init random: {self.name} has no _get_obs to observe another state "
+                "(gymnasium's MuJoCo envs have it)"
             )
-        qpos, qvel = random_state(self._mujoco, self.model, self.data, rng)
-        raw.set_state(qpos, qvel)
+        random_state(self._mujoco, self.model, self.data, rng)  # sets and forwards the env's data
         self._view_fresh = False
         # private: the env's own observation of a state set_state set has no public
         # method (its step and reset_model call _get_obs); tests/test_private_apis.py
