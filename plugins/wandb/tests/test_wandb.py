@@ -283,21 +283,40 @@ def test_two_gloo_workers_preempted_and_resumed_in_place(tmp_path: Path, offline
 )
 def test_the_mirror_keeps_to_one_cpu_at_a_lower_priority():
     """The mirror (and W&B's service, which inherits it) keeps to the highest-numbered
-    CPU it may use, at nice NICENESS above where it started; training keeps the others."""
+    CPU it may use, at nice NICENESS above where it started, and its session (its own,
+    as rank 0 starts it) at nice NICENESS where Linux weighs CPU time by session;
+    training keeps the other CPUs."""
     import subprocess
     import sys
 
-    from slhub_wandb.mirror import NICENESS
+    from slhub_wandb.mirror import AUTOGROUP, NICENESS
 
     first, second = sorted(os.sched_getaffinity(0))[:2]
     probe = (
-        "import os; from slhub_wandb.mirror import keep_out_of_the_way; "
+        "import os; from slhub_wandb.mirror import keep_out_of_the_way, AUTOGROUP; "
         f"os.sched_setaffinity(0, {{{first}, {second}}}); before = os.nice(0); "
-        "keep_out_of_the_way(); print(sorted(os.sched_getaffinity(0)), before, os.nice(0))"
+        "keep_out_of_the_way(); "
+        "session = AUTOGROUP.read_text().split()[-1] if AUTOGROUP.exists() else 'none'; "
+        "print(sorted(os.sched_getaffinity(0)), before, os.nice(0), session)"
     )
     out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        check=True,
+        start_new_session=True,
     ).stdout
-    cpus, before, after = out.rsplit(maxsplit=2)
+    cpus, before, after, session = out.rsplit(maxsplit=3)
     assert cpus == f"[{second}]"
     assert int(after) == min(int(before) + NICENESS, 19)
+    if AUTOGROUP.exists():
+        assert session == str(NICENESS)
+
+
+def test_a_session_priority_that_cannot_be_set_leaves_the_mirror_as_it_is(tmp_path):
+    from slhub_wandb.mirror import lower_session_priority
+
+    assert lower_session_priority(10, tmp_path / "absent" / "autogroup") is False
+    written = tmp_path / "autogroup"
+    assert lower_session_priority(10, written) is True
+    assert written.read_text() == "10"

@@ -16,11 +16,12 @@ scheduler signals the whole process group) and runs in its own session, so a
 preempted run's last lines still reach W&B.
 
 It keeps out of training's way: at a lower scheduling priority (nice
-:data:`NICENESS`) and, where the process may use more than one CPU, on one CPU
-only (:func:`spare_cpus`), both inherited by W&B's service process. Left free to
-run anywhere, W&B's threads land beside the update on its own CPU and slow it,
-even with a CPU idle; kept on one, training has the others. On a busy machine
-training gets the CPU first and the mirror catches up when it finishes.
+:data:`NICENESS`, for its session too: :func:`lower_session_priority`) and, where
+the process may use more than one CPU, on one CPU only (:func:`spare_cpus`), all
+inherited by W&B's service process. Left free to run anywhere, W&B's threads land
+beside the update on its own CPU and slow it, even with a CPU idle; kept on one,
+training has the others. On a busy machine training gets the CPU first and the
+mirror catches up when it finishes.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ TEXT_KEYS = frozenset({"event", "checkpoint"})
 POLL_S = 0.05
 #: How much the mirror lowers its scheduling priority (``os.nice``).
 NICENESS = 10
+#: Where Linux keeps the nice value of a process's session (autogroup scheduling).
+AUTOGROUP = Path("/proc/self/autogroup")
 
 
 @dataclass
@@ -158,13 +161,28 @@ def spare_cpus(allowed: set[int]) -> set[int]:
     return {max(allowed)} if len(allowed) > 1 else set(allowed)
 
 
+def lower_session_priority(niceness: int, autogroup: Path = AUTOGROUP) -> bool:
+    """Give this process's session the nice value ``niceness`` where Linux groups
+    the CPU by session (``/proc/self/autogroup``); True if it did.
+
+    Under autogroup scheduling a process's own nice value only weighs it against
+    the processes of its session. The mirror has a session of its own, so without
+    this its session weighs as much as training's wherever the two share a CPU."""
+    try:
+        autogroup.write_text(str(niceness), encoding="ascii")
+    except OSError:
+        return False
+    return True
+
+
 def keep_out_of_the_way() -> None:
-    """Lower this process's priority and keep it to :func:`spare_cpus` (where the
-    platform has neither, the mirror runs as it is)."""
+    """Lower this process's priority, its session's too, and keep it to
+    :func:`spare_cpus` (where the platform has none of these, the mirror runs as it is)."""
     try:
         os.nice(NICENESS)
     except OSError:
         pass
+    lower_session_priority(NICENESS)
     if hasattr(os, "sched_getaffinity"):
         try:
             os.sched_setaffinity(0, spare_cpus(os.sched_getaffinity(0)))
