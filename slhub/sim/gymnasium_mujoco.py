@@ -99,7 +99,7 @@ class GymnasiumMujoco:
             )
         random_state(self._mujoco, self.model, self.data, rng)  # sets and forwards the env's data
         self._view_fresh = False
-        # private: the env's own observation of a state set_state set has no public
+        # private: the env's own observation of a state set from outside has no public
         # method (its step and reset_model call _get_obs); tests/test_private_apis.py
         return _vector(raw._get_obs(), self.name)
 
