@@ -73,6 +73,11 @@ def main(argv: list[str] | None = None) -> Any:
     if missing:
         raise SystemExit(f"{missing[0]!r} is not a state component: {list(layout.state_names)}")
     truth = states[0].numpy()
+    predicted = predicted.numpy()
+    for i in layout.angles:  # drawn continuous: a wrap at +-pi is no vertical line
+        truth[:, i] = np.unwrap(truth[:, i])
+        start = truth[history - 1, i]
+        predicted[:, i] = np.unwrap(np.concatenate([[start], predicted[:, i]]))[1:]
     last, before = truth[history - 1], truth[history - 2] if history > 1 else truth[history - 1]
     ahead = np.arange(1, args.horizon + 1)[:, None]
     held, linear = np.broadcast_to(last, (args.horizon, len(last))), last + ahead * (last - before)
@@ -83,7 +88,7 @@ def main(argv: list[str] | None = None) -> Any:
         i = layout.state_names.index(name)
         ax.axvspan(0, time[history - 1], color="0.9")
         ax.plot(time, truth[:, i], "k-", label="ground truth")
-        ax.plot(time[history:], predicted[:, i].numpy(), "C1-", label="NeRD rollout")
+        ax.plot(time[history:], predicted[:, i], "C1-", label="NeRD rollout")
         ax.plot(time[history:], held[:, i], "C7--", lw=1, label="state held")
         span = np.ptp(truth[:, i]) or 1.0
         low, high = truth[:, i].min() - 0.5 * span, truth[:, i].max() + 0.5 * span

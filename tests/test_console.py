@@ -207,7 +207,6 @@ PENDULUM_EXPERT = ("--actions", "policy", "--policy", "slhub.sim.experts:inverte
 REACHER_EXPERT = ("--actions", "policy", "--policy", "slhub.sim.experts:reacher")
 COLLECTED: dict[str, tuple[str, ...]] = {
     "examples/nerd/hopper/sl.train.yaml": ("datasets/hopper", "gymnasium:Hopper-v5"),
-    "examples/nerd/hopper/body.yaml": ("datasets/hopper", "gymnasium:Hopper-v5"),
     "examples/nerd/pendulum/sl.train.yaml": (
         "datasets/inverted_pendulum",
         "gymnasium:InvertedPendulum-v5",

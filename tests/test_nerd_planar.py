@@ -31,7 +31,7 @@ from slhub.builtin.nerd.planar_frame import PlanarFrame
 from slhub.builtin.nerd.sections import LossSection
 
 HOPPER = REPO / "examples" / "nerd" / "hopper" / "sl.train.yaml"
-BODY = REPO / "examples" / "nerd" / "hopper" / "body.yaml"
+ANT = REPO / "examples" / "nerd" / "ant" / "sl.train.yaml"
 ENV = "gymnasium:Hopper-v5"
 JOINTS = ["rootx", "rootz", "rooty"]
 BASE = planar_base(JOINTS)
@@ -244,12 +244,12 @@ def hopper(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def body_run(hopper: Path, tmp_path_factory) -> Path:
-    """The published recipe's world frame left to its default: the body frame of the
-    base collect recorded, with no recipe key naming it."""
+    """The published recipe as it is: the body frame of the base collect recorded, with
+    no recipe key naming it."""
     run = tmp_path_factory.mktemp("run") / "nerd"
     budget = ["trainer.steps=30", "trainer.validate_every=30", "trainer.save_every=30"]
     data = [f"data.path={hopper}", f"trainer.output_dir={run}"]
-    slhub.train(HOPPER, [*SMALL[1:], "model.frame=null", *budget, *data])
+    slhub.train(HOPPER, [*SMALL[1:], *budget, *data])
     return run
 
 
@@ -343,17 +343,17 @@ def test_a_recorded_dataset_names_its_planar_joints_in_model_base(hopper: Path, 
     assert not (tmp_path / "c").exists()
 
 
-def test_the_published_hopper_recipe_stays_in_the_world_frame_and_its_variant_is_body():
+@pytest.mark.parametrize("recipe", [HOPPER, ANT], ids=["hopper", "ant"])
+def test_the_published_recipes_leave_the_frame_to_the_recorded_base(recipe: Path):
+    """No ``model.frame`` key: their runs learn in the base frame slhub data collect
+    recorded (the default), as NeRD does."""
     import yaml
 
-    assert yaml.safe_load(HOPPER.read_text())["model"]["frame"] == "world"
-    body = yaml.safe_load(BODY.read_text())
-    assert body["model"]["frame"] == "body"
-    published = yaml.safe_load(HOPPER.read_text())
-    for section in ("data", "validation", "optim", "schedule"):
-        assert body[section] == published[section]
-    del body["model"]["frame"], published["model"]["frame"]
-    assert body["model"] == published["model"]
+    from slhub.builtin.nerd.sections import ModelSection
+
+    model = yaml.safe_load(recipe.read_text())["model"]
+    assert "frame" not in model and "base" not in model
+    assert ModelSection.model_validate(model).frame is None
 
 
 def test_a_planar_body_frame_run_resumes_exactly(hopper: Path, tmp_path: Path):
