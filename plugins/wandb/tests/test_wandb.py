@@ -277,18 +277,33 @@ def test_two_gloo_workers_preempted_and_resumed_in_place(tmp_path: Path, offline
     assert resume_rows(run) == [(14, 13)]
 
 
-@pytest.mark.skipif(
+needs_two_cpus = pytest.mark.skipif(
     not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
     reason="needs a platform with CPU affinity and at least two CPUs",
 )
+
+
+def run_probe(code: str) -> str:
+    """What ``code`` prints, run by a fresh Python in a session of its own (so the
+    CPUs and priorities it sets leave this process's alone)."""
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        start_new_session=True,
+    ).stdout
+
+
+@needs_two_cpus
 def test_the_mirror_keeps_to_one_cpu_at_a_lower_priority():
     """The mirror (and W&B's service, which inherits it) keeps to the highest-numbered
     CPU it may use, at nice NICENESS above where it started, and its session (its own,
     as rank 0 starts it) at nice NICENESS where Linux weighs CPU time by session;
     training keeps the other CPUs."""
-    import subprocess
-    import sys
-
     from slhub_wandb.mirror import AUTOGROUP, NICENESS
 
     first, second = sorted(os.sched_getaffinity(0))[:2]
@@ -299,18 +314,37 @@ def test_the_mirror_keeps_to_one_cpu_at_a_lower_priority():
         "session = AUTOGROUP.read_text().split()[-1] if AUTOGROUP.exists() else 'none'; "
         "print(sorted(os.sched_getaffinity(0)), before, os.nice(0), session)"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", probe],
-        capture_output=True,
-        text=True,
-        check=True,
-        start_new_session=True,
-    ).stdout
+    out = run_probe(probe)
     cpus, before, after, session = out.rsplit(maxsplit=3)
     assert cpus == f"[{second}]"
     assert int(after) == min(int(before) + NICENESS, 19)
     if AUTOGROUP.exists():
         assert session == str(NICENESS)
+
+
+def test_the_update_thread_keeps_off_the_mirrors_cpu_only_with_cpus_to_spare():
+    from slhub_wandb.mirror import update_thread_cpus
+
+    assert update_thread_cpus({0, 1, 2, 3}, 1) == {0, 1, 2}
+    assert update_thread_cpus({0, 1, 2, 3}, 3) == {0, 1, 2}
+    assert update_thread_cpus({0, 1, 2, 3}, 4) is None  # every CPU has a compute thread
+    assert update_thread_cpus({5, 9}, 1) == {5}
+    assert update_thread_cpus({3}, 1) is None
+
+
+@needs_two_cpus
+def test_rank_0_keeps_its_update_thread_off_the_mirrors_cpu_until_the_run_ends():
+    """With one compute thread on two CPUs the update thread leaves the mirror's CPU
+    (the higher) while the mirror runs, and has both again when the run ends."""
+    first, second = sorted(os.sched_getaffinity(0))[:2]
+    probe = (
+        "import json, os, torch; from slhub_wandb.plugin import keep_off_the_mirror, "
+        f"restore_cpus; os.sched_setaffinity(0, {{{first}, {second}}}); "
+        "torch.set_num_threads(1); had = keep_off_the_mirror(); "
+        "during = sorted(os.sched_getaffinity(0)); restore_cpus(had); "
+        "print(json.dumps([sorted(had), during, sorted(os.sched_getaffinity(0))]))"
+    )
+    assert json.loads(run_probe(probe)) == [[first, second], [first], [first, second]]
 
 
 def test_a_session_priority_that_cannot_be_set_leaves_the_mirror_as_it_is(tmp_path):

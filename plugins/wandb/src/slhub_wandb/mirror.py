@@ -18,10 +18,11 @@ preempted run's last lines still reach W&B.
 It keeps out of training's way: at a lower scheduling priority (nice
 :data:`NICENESS`, for its session too: :func:`lower_session_priority`) and, where
 the process may use more than one CPU, on one CPU only (:func:`spare_cpus`), all
-inherited by W&B's service process. Left free to run anywhere, W&B's threads land
-beside the update on its own CPU and slow it, even with a CPU idle; kept on one,
-training has the others. On a busy machine training gets the CPU first and the
-mirror catches up when it finishes.
+inherited by W&B's service process; where rank 0 has CPUs to spare, its update
+thread keeps off that one (:func:`update_thread_cpus`). Left free to run anywhere,
+W&B's threads and the update meet on one CPU and the update slows, even with a CPU
+idle. On a busy machine training gets the CPU first and the mirror catches up when
+it finishes.
 """
 
 from __future__ import annotations
@@ -159,6 +160,18 @@ def spare_cpus(allowed: set[int]) -> set[int]:
     """The CPUs the mirror keeps to: the highest-numbered one it may use, when it may
     use several (the scheduler then keeps training on the others); else all of them."""
     return {max(allowed)} if len(allowed) > 1 else set(allowed)
+
+
+def update_thread_cpus(allowed: set[int], compute_threads: int) -> set[int] | None:
+    """The CPUs rank 0's update thread keeps to while the mirror runs: all it may use
+    but the mirror's (:func:`spare_cpus`), where it may use more CPUs than it has
+    compute threads (``torch.get_num_threads()``); else None, it keeps them all.
+
+    Left free, the scheduler moves the update onto the mirror's CPU now and then,
+    where it shares that CPU with W&B's work while another CPU stands idle."""
+    if len(allowed) < 2 or len(allowed) <= compute_threads:
+        return None
+    return allowed - spare_cpus(allowed)
 
 
 def lower_session_priority(niceness: int, autogroup: Path = AUTOGROUP) -> bool:

@@ -33,10 +33,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import structlog
+import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from slhub import SlhubError, Trainer, hookimpl, unwritable_reason
 
-from slhub_wandb.mirror import Closing, MirrorSpec
+from slhub_wandb.mirror import Closing, MirrorSpec, update_thread_cpus
 
 if importlib.util.find_spec("wandb") is None:  # fail when the plugin loads, not mid-run
     raise ImportError(
@@ -157,12 +158,41 @@ def wait_for_free_name(folder: Path, run_id: str, limit_s: float = MAX_NAME_WAIT
     return True
 
 
+def keep_off_the_mirror() -> set[int] | None:
+    """Keep the calling (update) thread off the mirror's CPU where it has CPUs to
+    spare (:func:`~slhub_wandb.mirror.update_thread_cpus`); the CPUs it had, or None
+    where it keeps them all. Threads started before (torch's compute threads, data
+    workers) keep theirs; threads it starts afterwards inherit its CPUs."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    allowed = os.sched_getaffinity(0)
+    cpus = update_thread_cpus(allowed, torch.get_num_threads())
+    if cpus is None:
+        return None
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError:
+        return None
+    return allowed
+
+
+def restore_cpus(cpus: set[int]) -> None:
+    """Give the calling thread back the CPUs it had (a sweep's next trial starts its
+    own mirror from here)."""
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError:
+        pass
+
+
 class WandbLogger:
     """Mirrors rank 0's metrics lines into W&B (one instance per run)."""
 
     def __init__(self) -> None:
         #: The mirror process of this slhub process (rank 0, from its first metrics line).
         self.mirror: subprocess.Popen[str] | None = None
+        #: The update thread's CPUs before it kept off the mirror's (None: it did not).
+        self.update_cpus: set[int] | None = None
 
     @hookimpl
     def recipe_sections(self) -> dict[str, type[BaseModel]]:
@@ -181,12 +211,16 @@ class WandbLogger:
         if self.mirror is None and trainer.is_main:
             if trainer.section(SECTION).mode != "disabled":
                 self.mirror = self._start(trainer, step)
+                self.update_cpus = keep_off_the_mirror()
 
     @hookimpl
     def on_fit_end(self, trainer: Trainer, status: str) -> None:
         """Hand the mirror how the run ended (``slhub/status``: done, preempted or
         failed, at ``slhub/step``, and the matching W&B exit code) and wait until it
         has logged every line and finished the W&B run."""
+        if self.update_cpus is not None:
+            restore_cpus(self.update_cpus)
+            self.update_cpus = None
         if self.mirror is None:
             return
         mirror, self.mirror = self.mirror, None
@@ -255,6 +289,9 @@ class WandbLogger:
         package_root = str(Path(__file__).resolve().parents[1])
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        # W&B's reports on itself (error and usage telemetry) cost the mirror CPU on
+        # every line; a user who sets the variable keeps them.
+        env.setdefault("WANDB_ERROR_REPORTING", "false")
         process = subprocess.Popen(
             [sys.executable, "-m", "slhub_wandb.mirror"],
             stdin=subprocess.PIPE,
