@@ -347,6 +347,38 @@ def test_rank_0_keeps_its_update_thread_off_the_mirrors_cpu_until_the_run_ends()
     assert json.loads(run_probe(probe)) == [[first, second], [first], [first, second]]
 
 
+class AffinityAt:
+    """Records the update thread's CPUs when update ``step`` commits."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.seen: set[int] | None = None
+
+    @hookimpl
+    def on_commit(self, step: int) -> None:
+        if step == self.step:
+            self.seen = os.sched_getaffinity(0)
+
+
+@needs_two_cpus
+def test_a_run_keeps_its_update_thread_off_the_mirrors_cpu_and_gives_it_back(
+    tmp_path: Path, importable_examples
+):
+    import torch
+
+    from slhub_wandb.mirror import spare_cpus
+
+    before, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    probe = AffinityAt(3)
+    torch.set_num_threads(1)
+    try:
+        train(tmp_path / "run", plugins=["wandb", probe])
+    finally:
+        torch.set_num_threads(threads)
+    assert probe.seen == before - spare_cpus(before)
+    assert os.sched_getaffinity(0) == before
+
+
 def test_a_session_priority_that_cannot_be_set_leaves_the_mirror_as_it_is(tmp_path):
     from slhub_wandb.mirror import lower_session_priority
 
