@@ -234,6 +234,28 @@ def test_only_rank_0_starts_a_mirror_that_finishes_with_the_run(tmp_path: Path, 
     assert summary(path)["slhub/status"] == "done"
 
 
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads /proc/PID/environ")
+@pytest.mark.parametrize(("user_setting", "mirror_sees"), [(None, "false"), ("true", "true")])
+def test_the_mirror_starts_wandb_without_its_telemetry_unless_the_user_set_it(
+    tmp_path: Path, offline_wandb, monkeypatch, user_setting, mirror_sees
+):
+    if user_setting is None:
+        monkeypatch.delenv("WANDB_ERROR_REPORTING", raising=False)
+    else:
+        monkeypatch.setenv("WANDB_ERROR_REPORTING", user_setting)
+    (tmp_path / "run.json").write_text(json.dumps({"run_id": "quiet", "recipe": {}}))
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "train/loss": 2.0}) + "\n")
+    plugin = WandbLogger()
+    section = {"wandb": {"mode": "offline", "project": "slhub-tests"}}
+    trainer = StandInTrainer(plugin, section, rank=0, output_dir=str(tmp_path))
+    hooks = hooks_of(plugin)
+    hooks.on_log(trainer=trainer, step=1, metrics={"step": 1, "train/loss": 2.0})
+    assert plugin.mirror is not None
+    environ = Path(f"/proc/{plugin.mirror.pid}/environ").read_bytes().split(b"\0")
+    hooks.on_fit_end(trainer=trainer, status="done")
+    assert f"WANDB_ERROR_REPORTING={mirror_sees}".encode() in environ
+
+
 @pytest.mark.parametrize(
     ("setting", "message"),
     [
