@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -251,9 +252,22 @@ def test_the_mirror_starts_wandb_without_its_telemetry_unless_the_user_set_it(
     hooks = hooks_of(plugin)
     hooks.on_log(trainer=trainer, step=1, metrics={"step": 1, "train/loss": 2.0})
     assert plugin.mirror is not None
-    environ = Path(f"/proc/{plugin.mirror.pid}/environ").read_bytes().split(b"\0")
+    environ = environment_of(plugin.mirror.pid)
     hooks.on_fit_end(trainer=trainer, status="done")
     assert f"WANDB_ERROR_REPORTING={mirror_sees}".encode() in environ
+
+
+def environment_of(pid: int, limit_s: float = 10.0) -> list[bytes]:
+    """The environment a started process runs with, from /proc/PID/environ.
+
+    Popen returns once the child has begun its exec, which can be before the kernel
+    has laid out the new program's environment; until then the file reads empty."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        text = Path(f"/proc/{pid}/environ").read_bytes()
+        if text or time.monotonic() > deadline:
+            return text.split(b"\0")
+        time.sleep(0.01)
 
 
 @pytest.mark.parametrize(
