@@ -5,10 +5,11 @@ baselines.
 
 1. Collect each robot's training episodes once with both contact forms (``slhub data
    collect ... --contacts force,geometry``): the recipe header's smooth random actions
-   from the env's reset and ``--passive-episodes`` episodes with every control 0 from
-   random initial states (``--init random``: the robot turned, moving and dropped, as
-   NeRD starts its episodes), so that the model also sees it fall, bounce and come to
-   rest. One store holds both (:func:`merge`).
+   from the env's reset, and ``--passive-transitions`` steps of episodes with every
+   control 0 from random initial states (``--init random``: the robot turned, moving
+   and dropped, as NeRD starts its episodes), so that the model also sees it fall,
+   bounce and come to rest; each passive episode lasts about as long as the robot
+   takes to settle (``Robot.passive_steps``). One store holds both (:func:`merge`).
 2. Train the robot's recipe (``examples/nerd/<robot>/sl.train.yaml``) four ways,
    ``model.frame`` world or body and ``data.features.extra`` ``[contact]`` or
    ``[contact_geometry]``, once per ``--seeds`` (``trainer.seed``: the weights' start
@@ -55,25 +56,30 @@ HORIZONS = {"passive": (10, 100, 500), "actuated": (10, 100)}
 #: Judged episodes per setting: (actions, steps, init); passive ones give 500 predicted
 #: steps after a window of up to 10.
 SETTINGS = {"actuated": ("smooth", 300, "reset"), "passive": ("zero", 510, "random")}
-#: Training episodes with every control 0, beside the recipe's smooth-action ones
-#: (``--passive-episodes``).
-ZERO_EPISODES = 50
+#: Training steps with every control 0, beside the recipe's smooth-action episodes
+#: (``--passive-transitions``).
+ZERO_TRANSITIONS = 15000
 BASELINES = {"baseline": "state held", "linear": "change held"}
 
 
 @dataclass(frozen=True)
 class Robot:
-    """A robot's env, recipe and the data its recipe header collects."""
+    """A robot's env, recipe and the data its recipe header collects; its passive
+    episodes' length covers its fall and settling (Ant-v5 is at rest after about 40
+    steps of 0.05 s, Hopper-v5 after about 250 of 0.008 s), so that rest does not fill
+    the passive data."""
 
     env: str
     recipe: Path
     episodes: int
     steps: int
+    passive_steps: int
 
 
+NERD = REPO / "examples" / "nerd"
 ROBOTS = {
-    "ant": Robot("Ant-v5", REPO / "examples" / "nerd" / "ant" / "sl.train.yaml", 150, 300),
-    "hopper": Robot("Hopper-v5", REPO / "examples" / "nerd" / "hopper" / "sl.train.yaml", 100, 300),
+    "ant": Robot("Ant-v5", NERD / "ant" / "sl.train.yaml", 150, 300, 100),
+    "hopper": Robot("Hopper-v5", NERD / "hopper" / "sl.train.yaml", 100, 300, 300),
 }
 
 
@@ -96,17 +102,19 @@ def run(command: list[str], log: Path) -> None:
         raise SystemExit(f"{' '.join(command[2:])} failed ({done.returncode}); see {log}")
 
 
-def collect(robot: Robot, dst: Path, log: Path, passive: int = ZERO_EPISODES) -> None:
-    """The robot's smooth-action and ``passive`` zero-action episodes, one store at ``dst``."""
+def collect(robot: Robot, dst: Path, log: Path, passive: int = ZERO_TRANSITIONS) -> None:
+    """The robot's smooth-action episodes and ``passive`` steps of zero-action ones, one
+    store at ``dst``."""
     if dst.exists():
         return
     parts = []
-    kinds = (("smooth", robot.episodes, 0, "reset"), ("zero", passive, 1, "random"))
-    for actions, episodes, seed, init in kinds:
+    zero = (passive // robot.passive_steps, robot.passive_steps)
+    kinds = (("smooth", (robot.episodes, robot.steps), 0, "reset"), ("zero", zero, 1, "random"))
+    for actions, (episodes, steps), seed, init in kinds:
         part = dst.with_name(f"{dst.name}_{actions}")
         if not part.exists():
             run(slhub("data", "collect", str(part), "--env", f"gymnasium:{robot.env}",
-                      "--episodes", str(episodes), "--steps", str(robot.steps),
+                      "--episodes", str(episodes), "--steps", str(steps),
                       "--actions", actions, "--init", init, "--seed", str(seed),
                       "--through-termination", "--contacts", "force,geometry"), log)  # fmt: skip
         parts.append(part)
@@ -217,10 +225,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--updates", type=int, help="training updates (default: the recipe's)")
     parser.add_argument("--episodes", type=int, default=16, help="judged episodes per setting")
     parser.add_argument(
-        "--passive-episodes",
+        "--passive-transitions",
         type=int,
-        default=ZERO_EPISODES,
-        help="training episodes with every control 0 from random initial states",
+        default=ZERO_TRANSITIONS,
+        help="training steps with every control 0 from random initial states",
     )
     parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 1)))
     args = parser.parse_args(argv)
@@ -230,7 +238,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name in args.robots:
         collect(
             ROBOTS[name], args.out / "data" / name, args.out / f"collect_{name}.log",
-            args.passive_episodes,
+            args.passive_transitions,
         )  # fmt: skip
     work = [(name, frame, contacts, seed) for name in args.robots for frame in FRAMES
             for contacts in CONTACTS for seed in args.seeds]  # fmt: skip
@@ -247,7 +255,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report: dict[str, Any] = {
         "seeds": args.seeds,
         "updates": args.updates,
-        "passive_episodes": args.passive_episodes,
+        "passive_transitions": args.passive_transitions,
         "robots": {},
     }
     for name in args.robots:
