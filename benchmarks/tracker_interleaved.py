@@ -1,0 +1,298 @@
+"""What the W&B plugin costs an update, measured inside one tracked run: the mirror
+(and W&B's service) stopped and running in alternating blocks of updates.
+
+    OMP_NUM_THREADS=1 python benchmarks/tracker_interleaved.py              # 20000 updates, 9 runs
+    OMP_NUM_THREADS=1 python benchmarks/tracker_interleaved.py --null       # the same, plain runs
+    OMP_NUM_THREADS=1 python benchmarks/tracker_interleaved.py --updates 6000 --runs 1   # smoke
+
+Launch pairs (``tracker_overhead.py``) differ by more than the overhead: on a 2-core
+VM a plain update alone moves by 10% to 20% from one launch to the next. Here one
+launch is its own control. The run is ``tracker_overhead.py``'s tracked contestant
+(``examples/sl_ddp/cpu.yaml`` with ``plugins: [wandb]``, ``wandb.mode: offline``).
+This script follows its metrics.jsonl and, after ``--warmup`` updates, alternates
+blocks: ``--off`` updates as in a plain run, with the mirror and its W&B processes
+stopped (SIGSTOP: no CPU, no I/O) and the training threads free to use every CPU,
+then ``--on`` updates as the plugin runs them, the mirror logging the lines the off
+block left as well as its own and rank 0's update thread kept off the mirror's CPU.
+Blocks are whole multiples of the checkpoint interval, so each holds the same share
+of validations and checkpoints. The mirror does all of its work in the on blocks,
+so their extra time over the off blocks is what it costs the run (taking its cost
+as proportional to the lines it logs):
+
+    ratio = 1 + N_on / (N_on + N_off) * (t_on / t_off - 1)
+
+where ``t_on`` and ``t_off`` are the mean times per update in the on and off blocks
+(from when this script sees each block's first and last line, polling every
+``--poll-ms``) and ``N_on``, ``N_off`` their update counts. The figure is the median
+ratio over ``--runs`` launches, with the smallest and largest. ``--null`` applies the
+same schedule to the plain run (nothing to stop): its ratios show the method's own
+noise. With ``--mirror-only`` an off block only stops the mirror (rank 0's update
+thread keeps the CPUs the plugin gave it), which leaves out what keeping the update
+thread off the mirror's CPU does. This script runs on the mirror's CPU (the
+highest-numbered one it may use) so that following the file does not take the
+update's. What it cannot see: the mirror's start (importing ``wandb``, W&B's
+service), which falls in the warm-up, and a cost that outlasts a block, such as the
+kernel writing W&B's file to disk later (in a run this short, mostly after it ends).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from sl_ddp_vs_torch import ROOT, SAVE_EVERY, slhub_command, source_digest  # noqa: E402
+from tracker_overhead import tracked_command, tracked_recipe  # noqa: E402
+
+#: What the mirror's command line holds (``python -m slhub_wandb.mirror``).
+MIRROR_MODULE = "slhub_wandb.mirror"
+
+
+@dataclass
+class Mark:
+    """The step this script saw when it switched, when, and the state it switched to."""
+
+    step: int
+    time: float
+    running: bool
+
+
+def last_step(path: Path, offset: int) -> tuple[int, int | None]:
+    """The new offset, and the step of the last complete line after ``offset`` (None: none)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            data = handle.read()
+    except FileNotFoundError:
+        return offset, None
+    end = data.rfind(b"\n")
+    if end < 0:
+        return offset, None
+    start = data.rfind(b"\n", 0, end) + 1
+    return offset + end + 1, json.loads(data[start:end])["step"]
+
+
+def children(pid: int) -> list[int]:
+    """Every descendant of ``pid`` (Linux ``/proc``), depth first."""
+    found: list[int] = []
+    try:
+        tasks = Path(f"/proc/{pid}/task").iterdir()
+        direct = [int(c) for t in tasks for c in (t / "children").read_text().split()]
+    except OSError:
+        return found
+    for child in direct:
+        found += [child, *children(child)]
+    return found
+
+
+def mirror_processes(training: int) -> list[int]:
+    """The mirror and everything it started, once W&B's service is among them."""
+    for pid in children(training):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if MIRROR_MODULE.encode() in command:
+            below = children(pid)
+            return [pid, *below] if below else []
+    return []
+
+
+def signal_all(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+@dataclass
+class Paused:
+    """What an off block changed: the processes it stopped, the training threads' CPUs."""
+
+    processes: list[int]
+    cpus: dict[int, set[int]]
+
+
+def pause(training: int, step: int, free_threads: bool) -> Paused:
+    """Stop the mirror and its W&B processes and, with ``free_threads``, give the
+    training process's threads every CPU, as in a plain run (the plugin keeps rank 0's
+    update thread off the mirror's CPU while the mirror runs)."""
+    processes = mirror_processes(training)
+    if not processes:
+        raise SystemExit(f"no W&B mirror with its service by update {step}: raise --warmup")
+    signal_all(processes, signal.SIGSTOP)
+    cpus: dict[int, set[int]] = {}
+    for task in Path(f"/proc/{training}/task").iterdir() if free_threads else ():
+        try:
+            cpus[int(task.name)] = os.sched_getaffinity(int(task.name))
+            os.sched_setaffinity(int(task.name), CPUS)
+        except OSError:
+            continue
+    return Paused(processes, cpus)
+
+
+def resume(paused: Paused) -> None:
+    """Undo :func:`pause`."""
+    for tid, cpus in paused.cpus.items():
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except OSError:
+            continue
+    signal_all(paused.processes, signal.SIGCONT)
+
+
+#: The CPUs this script was given (the run gets them all; this script keeps to one).
+CPUS = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+
+
+def restore_cpus() -> None:
+    """In the launched run: every CPU this script was given."""
+    if CPUS is not None:
+        os.sched_setaffinity(0, CPUS)
+
+
+def schedule(updates: int, warmup: int, off: int, on: int) -> list[tuple[int, bool]]:
+    """(step, running from there) for every switch: off and on blocks from ``warmup``,
+    ending with an on block at least one on block before the last update."""
+    switches, step = [], warmup
+    while step + off + on + on <= updates:
+        switches += [(step, False), (step + off, True)]
+        step += off + on
+    return switches + [(step, True)]
+
+
+def interleaved_run(
+    command: list[str], metrics: Path, switches: list[tuple[int, bool]], tracked: bool,
+    free_threads: bool, poll_s: float,
+) -> list[Mark]:  # fmt: skip
+    """Launch ``command`` and stop/continue the mirror at ``switches``; the marks seen."""
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    log = metrics.parent.with_suffix(".log")
+    metrics.parent.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "wb") as stderr:
+        proc = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr,
+            preexec_fn=restore_cpus,
+        )  # fmt: skip
+    marks: list[Mark] = []
+    paused: Paused | None = None
+    pending = list(switches)
+    offset = 0
+    try:
+        while proc.poll() is None and pending:
+            offset, step = last_step(metrics, offset)
+            if step is not None and step >= pending[0][0]:
+                running = pending.pop(0)[1]
+                now = time.perf_counter()
+                if tracked and not running:
+                    paused = pause(proc.pid, step, free_threads)
+                elif paused is not None:
+                    resume(paused)
+                    paused = None
+                marks.append(Mark(step, now, running))
+            time.sleep(poll_s)
+    finally:
+        if paused is not None:
+            resume(paused)
+    if proc.wait() != 0:
+        sys.stderr.write(log.read_text(encoding="utf-8", errors="replace")[-4000:])
+        raise SystemExit(f"the run failed with exit code {proc.returncode}")
+    if pending:
+        raise SystemExit(f"the run ended before update {pending[0][0]}")
+    return marks
+
+
+def ratio(marks: list[Mark]) -> tuple[float, float, float]:
+    """(ratio, t_on, t_off) in ms per update from the blocks between consecutive marks."""
+    time_in = {True: 0.0, False: 0.0}
+    updates_in = {True: 0, False: 0}
+    for start, end in zip(marks, marks[1:], strict=False):
+        time_in[start.running] += end.time - start.time
+        updates_in[start.running] += end.step - start.step
+    t_on = time_in[True] / updates_in[True]
+    t_off = time_in[False] / updates_in[False]
+    share_on = updates_in[True] / (updates_in[True] + updates_in[False])
+    return 1 + share_on * (t_on / t_off - 1), 1e3 * t_on, 1e3 * t_off
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--updates", type=int, default=20000)
+    parser.add_argument("--runs", type=int, default=9)
+    parser.add_argument("--warmup", type=int, default=4000)
+    parser.add_argument("--off", type=int, default=200)
+    parser.add_argument("--on", type=int, default=400)
+    parser.add_argument("--poll-ms", type=float, default=2.0)
+    parser.add_argument("--null", action="store_true", help="plain runs, the same schedule")
+    parser.add_argument(
+        "--mirror-only",
+        action="store_true",
+        help="off blocks stop the mirror only; the update thread keeps the plugin's CPUs",
+    )
+    parser.add_argument("--keep", type=Path, default=None, help="keep the run folders here")
+    args = parser.parse_args(argv)
+    for name in ("warmup", "off", "on"):
+        if getattr(args, name) % SAVE_EVERY:
+            parser.error(f"--{name} must be a multiple of the checkpoint interval {SAVE_EVERY}")
+    switches = schedule(args.updates, args.warmup, args.off, args.on)
+    if len(switches) < 3:
+        parser.error("--updates leaves no off and on block after --warmup")
+    if CPUS is not None:
+        os.sched_setaffinity(0, {max(CPUS)})
+    os.environ.setdefault("WANDB_SILENT", "true")
+    base = args.keep or Path(tempfile.mkdtemp(prefix="slhub-tracker-interleaved-"))
+    base.mkdir(parents=True, exist_ok=True)
+    recipe = tracked_recipe(base)
+    what = "plain (null check)" if args.null else "W&B offline"
+    if args.mirror_only and not args.null:
+        what += ", mirror only"
+    print(
+        f"sl_ddp: {args.updates} updates, {what}, {args.runs} run(s), blocks off {args.off} / "
+        f"on {args.on} after {args.warmup}; {os.cpu_count()} CPUs; "
+        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '1')}",
+        flush=True,
+    )
+    print(f"slhub {source_digest()}", flush=True)
+    ratios = []
+    for index in range(args.runs):
+        folder = base / f"run_{index}"
+        if args.null:
+            command = slhub_command(args.updates, folder, 1)
+        else:
+            command = tracked_command(args.updates, folder, 1, recipe)
+        marks = interleaved_run(
+            command,
+            folder / "metrics.jsonl",
+            switches,
+            tracked=not args.null,
+            free_threads=not args.mirror_only,
+            poll_s=args.poll_ms / 1e3,
+        )
+        value, t_on, t_off = ratio(marks)
+        ratios.append(value)
+        print(
+            f"run {index}: update {t_off:.3f} ms stopped, {t_on:.3f} ms running; ratio {value:.4f}",
+            flush=True,
+        )
+    print(
+        f"\nratio, median over {len(ratios)} run(s): {statistics.median(ratios):.4f} "
+        f"(min {min(ratios):.4f}, max {max(ratios):.4f})",
+        flush=True,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
