@@ -203,6 +203,13 @@ def interleaved_run(
                     paused = None
                 marks.append(Mark(step, now, running))
             time.sleep(poll_s)
+    except BaseException:
+        if paused is not None:
+            resume(paused)
+            paused = None
+        proc.kill()  # the run is of no use unmeasured; the mirror ends with it
+        proc.wait()
+        raise
     finally:
         if paused is not None:
             resume(paused)
