@@ -13,8 +13,12 @@ launch from rank 0's ``progress`` events: ``loop`` (end of update 1 to end of th
 last update, every validation and checkpoint boundary in between) and ``update``
 (``loop / (N - 1)``). The figure is the median over repetitions of each pair's
 ratio tracked/plain of ``update``, with the smallest and largest pair ratio as its
-spread. The two runs must produce the same metrics and bitwise-equal final weights
-(checked after every pair): the tracker only watches.
+spread. Beside it, the same ratio over a late window (``--late-from`` to the last
+checkpoint, timed by the checkpoint files' modification times): it leaves out the
+start of W&B beside the first updates. ``--null`` makes both runs of a pair plain: the
+spread of launch pairs without a tracker, at the same hour. The two runs must produce
+the same metrics and bitwise-equal final weights (checked after every pair): the
+tracker only watches.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sl_ddp_vs_torch import RECIPE, launch, same_work, slhub_command, source_digest  # noqa: E402
+from sl_ddp_vs_torch import RECIPE, SAVE_EVERY, launch, same_work, slhub_command, source_digest  # noqa: E402
 
 
 def tracked_recipe(folder: Path) -> Path:
@@ -49,27 +53,64 @@ def tracked_command(updates: int, output_dir: Path, workers: int, recipe: Path) 
     return command
 
 
+def late_update_ms(folder: Path, from_step: int) -> float:
+    """ms per update from checkpoint ``step_{from_step}.pt`` to the last one, by the
+    files' modification times (each written at the end of its update)."""
+    from slhub import checkpoint
+
+    stamps = {}
+    for path in folder.iterdir():
+        step = checkpoint.files.step_of_file(path.name)
+        if step is not None and step >= from_step:
+            stamps[step] = path.stat().st_mtime_ns
+    if len(stamps) < 2:
+        raise SystemExit(f"{folder}: fewer than 2 checkpoints from update {from_step}")
+    first, last = min(stamps), max(stamps)
+    return (stamps[last] - stamps[first]) / 1e6 / (last - first)
+
+
+def spread(values: list[float]) -> str:
+    """median (min, max), mean +- sd."""
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return (
+        f"median {statistics.median(values):.3f} (min {min(values):.3f}, max {max(values):.3f}), "
+        f"mean {statistics.mean(values):.3f} +- {sd:.3f}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--updates", type=int, default=20000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--keep", type=Path, default=None, help="keep the run folders here")
+    parser.add_argument(
+        "--null",
+        action="store_true",
+        help="both runs of a pair plain: the spread launch pairs have without a tracker",
+    )
+    parser.add_argument(
+        "--late-from", type=int, default=5000, help="the late window starts at this checkpoint"
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("WANDB_SILENT", "true")
+    # a short run (the smoke) times its late window from its middle checkpoint
+    late_from = min(args.late_from, args.updates // 2 // SAVE_EVERY * SAVE_EVERY)
     base = args.keep or Path(tempfile.mkdtemp(prefix="slhub-tracker-bench-"))
     base.mkdir(parents=True, exist_ok=True)
     recipe = tracked_recipe(base)
     import wandb
 
     print(
-        f"sl_ddp: {args.updates} updates, {args.workers} worker(s), {args.repeats} pair(s); "
+        f"sl_ddp: {args.updates} updates, {args.workers} worker(s), {args.repeats} pair(s)"
+        f"{' (null: both plain)' if args.null else ''}; "
         f"W&B {wandb.__version__} offline; {os.cpu_count()} CPUs; "
         f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '1')}",
         flush=True,
     )
     print(f"slhub {source_digest()}", flush=True)
     ratios: list[float] = []
+    late_ratios: list[float] = []
     plain_ms: list[float] = []
     tracked_ms: list[float] = []
     for rep in range(args.repeats):
@@ -78,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
             ("plain", slhub_command(args.updates, plain_dir, args.workers)),
             ("tracked", tracked_command(args.updates, tracked_dir, args.workers, recipe)),
         ]
+        if args.null:
+            runs[1] = ("tracked", slhub_command(args.updates, tracked_dir, args.workers))
         if rep % 2:
             runs.reverse()
         result = {name: launch(name, command, args.updates) for name, command in runs}
@@ -89,16 +132,20 @@ def main(argv: list[str] | None = None) -> int:
         plain_ms.append(plain)
         tracked_ms.append(tracked)
         ratios.append(tracked / plain)
+        late_ms = {name: late_update_ms(base / f"{name}_{rep}", late_from) for name in result}
+        late = late_ms["tracked"] / late_ms["plain"]
+        late_ratios.append(late)
         print(
             f"pair {rep}: update {plain:.3f} ms plain, {tracked:.3f} ms tracked, "
-            f"ratio {tracked / plain:.3f}; last update to exit {after['plain']:.2f} s plain, "
+            f"ratio {tracked / plain:.3f} (late window {late:.3f}); "
+            f"last update to exit {after['plain']:.2f} s plain, "
             f"{after['tracked']:.2f} s tracked",
             flush=True,
         )
     print(
         f"\nupdate (ms), median: plain {statistics.median(plain_ms):.3f}, "
-        f"tracked {statistics.median(tracked_ms):.3f}; tracked/plain per pair: median "
-        f"{statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f})",
+        f"tracked {statistics.median(tracked_ms):.3f}\ntracked/plain per pair: {spread(ratios)}"
+        f"\nfrom update {late_from}: {spread(late_ratios)}",
         flush=True,
     )
     return 0
