@@ -117,10 +117,13 @@ def main(argv: list[str] | None = None) -> int:
         plain_dir, tracked_dir = base / f"plain_{rep}", base / f"tracked_{rep}"
         runs = [
             ("plain", slhub_command(args.updates, plain_dir, args.workers)),
-            ("tracked", tracked_command(args.updates, tracked_dir, args.workers, recipe)),
+            (
+                "tracked",
+                slhub_command(args.updates, tracked_dir, args.workers)
+                if args.null
+                else tracked_command(args.updates, tracked_dir, args.workers, recipe),
+            ),
         ]
-        if args.null:
-            runs[1] = ("tracked", slhub_command(args.updates, tracked_dir, args.workers))
         if rep % 2:
             runs.reverse()
         result = {name: launch(name, command, args.updates) for name, command in runs}
@@ -132,8 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         plain_ms.append(plain)
         tracked_ms.append(tracked)
         ratios.append(tracked / plain)
-        late_ms = {name: late_update_ms(base / f"{name}_{rep}", late_from) for name in result}
-        late = late_ms["tracked"] / late_ms["plain"]
+        late = late_update_ms(tracked_dir, late_from) / late_update_ms(plain_dir, late_from)
         late_ratios.append(late)
         print(
             f"pair {rep}: update {plain:.3f} ms plain, {tracked:.3f} ms tracked, "
