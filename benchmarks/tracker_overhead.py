@@ -35,14 +35,28 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sl_ddp_vs_torch import RECIPE, SAVE_EVERY, launch, same_work, slhub_command, source_digest  # noqa: E402
+from update_thread_cpu import cpu_ms_per_update  # noqa: E402
+
+#: The probe plugin ``--thread-cpu`` adds to both runs (``benchmarks/update_thread_cpu.py``).
+THREAD_CPU_PLUGIN = "update_thread_cpu:UpdateThreadCpu"
 
 
-def tracked_recipe(folder: Path) -> Path:
-    """``examples/sl_ddp/cpu.yaml`` with the W&B plugin, offline, writing under the run."""
+def tracked_recipe(folder: Path, extra: tuple[str, ...] = ()) -> Path:
+    """``examples/sl_ddp/cpu.yaml`` with the W&B plugin, offline, writing under the run
+    (and the ``extra`` plugins)."""
     recipe = yaml.safe_load(RECIPE.read_text(encoding="utf-8"))
-    recipe["plugins"] = [*recipe.get("plugins", []), "wandb"]
+    recipe["plugins"] = [*recipe.get("plugins", []), "wandb", *extra]
     recipe["wandb"] = {"mode": "offline", "project": "slhub-benchmark"}
     path = folder / "tracked.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def plain_recipe(folder: Path, extra: tuple[str, ...]) -> Path:
+    """``examples/sl_ddp/cpu.yaml`` with the ``extra`` plugins only."""
+    recipe = yaml.safe_load(RECIPE.read_text(encoding="utf-8"))
+    recipe["plugins"] = [*recipe.get("plugins", []), *extra]
+    path = folder / "plain.yaml"
     path.write_text(yaml.safe_dump(recipe, sort_keys=False), encoding="utf-8")
     return path
 
@@ -92,13 +106,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--late-from", type=int, default=5000, help="the late window starts at this checkpoint"
     )
+    parser.add_argument(
+        "--thread-cpu",
+        action="store_true",
+        help="both runs also load a probe that reads rank 0's update thread's CPU clock",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("WANDB_SILENT", "true")
+    extra: tuple[str, ...] = ()
+    if args.thread_cpu:
+        extra = (THREAD_CPU_PLUGIN,)
+        here = str(Path(__file__).resolve().parent)  # where the launched runs find the probe
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [here, os.environ.get("PYTHONPATH")])
+        )
     # a short run (the smoke) times its late window from its middle checkpoint
     late_from = min(args.late_from, args.updates // 2 // SAVE_EVERY * SAVE_EVERY)
     base = args.keep or Path(tempfile.mkdtemp(prefix="slhub-tracker-bench-"))
     base.mkdir(parents=True, exist_ok=True)
-    recipe = tracked_recipe(base)
+    recipe = tracked_recipe(base, extra)
+    untracked = plain_recipe(base, extra) if extra else RECIPE
     import wandb
 
     print(
@@ -113,13 +140,14 @@ def main(argv: list[str] | None = None) -> int:
     late_ratios: list[float] = []
     plain_ms: list[float] = []
     tracked_ms: list[float] = []
+    cpu_ratios: list[float] = []
     for rep in range(args.repeats):
         plain_dir, tracked_dir = base / f"plain_{rep}", base / f"tracked_{rep}"
         runs = [
-            ("plain", slhub_command(args.updates, plain_dir, args.workers)),
+            ("plain", tracked_command(args.updates, plain_dir, args.workers, untracked)),
             (
                 "tracked",
-                slhub_command(args.updates, tracked_dir, args.workers)
+                tracked_command(args.updates, tracked_dir, args.workers, untracked)
                 if args.null
                 else tracked_command(args.updates, tracked_dir, args.workers, recipe),
             ),
@@ -127,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         if rep % 2:
             runs.reverse()
         result = {name: launch(name, command, args.updates) for name, command in runs}
+        dirs = {"plain": plain_dir, "tracked": tracked_dir}
         verdict = same_work(plain_dir, tracked_dir)
         if not verdict.startswith("same"):
             raise SystemExit(f"repetition {rep}: the tracked run differs: {verdict}")
@@ -137,11 +166,19 @@ def main(argv: list[str] | None = None) -> int:
         ratios.append(tracked / plain)
         late = late_update_ms(tracked_dir, late_from) / late_update_ms(plain_dir, late_from)
         late_ratios.append(late)
+        thread = ""
+        if args.thread_cpu:
+            cpu = {name: cpu_ms_per_update(folder) for name, folder in dirs.items()}
+            cpu_ratios.append(cpu["tracked"] / cpu["plain"])
+            thread = (
+                f"; update thread CPU {cpu['plain']:.3f} ms plain, {cpu['tracked']:.3f} ms "
+                f"tracked, ratio {cpu_ratios[-1]:.3f}"
+            )
         print(
             f"pair {rep}: update {plain:.3f} ms plain, {tracked:.3f} ms tracked, "
             f"ratio {tracked / plain:.3f} (late window {late:.3f}); "
             f"last update to exit {after['plain']:.2f} s plain, "
-            f"{after['tracked']:.2f} s tracked",
+            f"{after['tracked']:.2f} s tracked{thread}",
             flush=True,
         )
     print(
@@ -150,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         f"\nfrom update {late_from}: {spread(late_ratios)}",
         flush=True,
     )
+    if cpu_ratios:
+        print(f"update thread CPU, tracked/plain per pair: {spread(cpu_ratios)}", flush=True)
     return 0
 
 
