@@ -52,7 +52,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sl_ddp_vs_torch import ROOT, SAVE_EVERY, slhub_command, source_digest  # noqa: E402
-from tracker_overhead import tracked_command, tracked_recipe  # noqa: E402
+from tracker_overhead import recipe_command, tracked_recipe  # noqa: E402
 
 #: What the mirror's command line holds (``python -m slhub_wandb.mirror``).
 MIRROR_MODULE = "slhub_wandb.mirror"
@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.null:
             command = slhub_command(args.updates, folder, 1)
         else:
-            command = tracked_command(args.updates, folder, 1, recipe)
+            command = recipe_command(args.updates, folder, 1, recipe)
         marks = interleaved_run(
             command,
             folder / "metrics.jsonl",

@@ -29,6 +29,7 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -41,27 +42,24 @@ from update_thread_cpu import cpu_ms_per_update  # noqa: E402
 THREAD_CPU_PLUGIN = "update_thread_cpu:UpdateThreadCpu"
 
 
+def write_recipe(folder: Path, name: str, plugins: tuple[str, ...], **sections: Any) -> Path:
+    """``examples/sl_ddp/cpu.yaml`` with ``plugins`` added and ``sections`` set, as
+    ``folder/name``."""
+    recipe = yaml.safe_load(RECIPE.read_text(encoding="utf-8"))
+    recipe["plugins"] = [*recipe.get("plugins", []), *plugins]
+    recipe.update(sections)
+    path = folder / name
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False), encoding="utf-8")
+    return path
+
+
 def tracked_recipe(folder: Path, extra: tuple[str, ...] = ()) -> Path:
-    """``examples/sl_ddp/cpu.yaml`` with the W&B plugin, offline, writing under the run
-    (and the ``extra`` plugins)."""
-    recipe = yaml.safe_load(RECIPE.read_text(encoding="utf-8"))
-    recipe["plugins"] = [*recipe.get("plugins", []), "wandb", *extra]
-    recipe["wandb"] = {"mode": "offline", "project": "slhub-benchmark"}
-    path = folder / "tracked.yaml"
-    path.write_text(yaml.safe_dump(recipe, sort_keys=False), encoding="utf-8")
-    return path
+    """The recipe with the W&B plugin, offline, writing under the run (and ``extra``)."""
+    wandb = {"mode": "offline", "project": "slhub-benchmark"}
+    return write_recipe(folder, "tracked.yaml", ("wandb", *extra), wandb=wandb)
 
 
-def plain_recipe(folder: Path, extra: tuple[str, ...]) -> Path:
-    """``examples/sl_ddp/cpu.yaml`` with the ``extra`` plugins only."""
-    recipe = yaml.safe_load(RECIPE.read_text(encoding="utf-8"))
-    recipe["plugins"] = [*recipe.get("plugins", []), *extra]
-    path = folder / "plain.yaml"
-    path.write_text(yaml.safe_dump(recipe, sort_keys=False), encoding="utf-8")
-    return path
-
-
-def tracked_command(updates: int, output_dir: Path, workers: int, recipe: Path) -> list[str]:
+def recipe_command(updates: int, output_dir: Path, workers: int, recipe: Path) -> list[str]:
     command = slhub_command(updates, output_dir, workers)
     command[command.index(str(RECIPE))] = str(recipe)
     return command
@@ -125,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     base = args.keep or Path(tempfile.mkdtemp(prefix="slhub-tracker-bench-"))
     base.mkdir(parents=True, exist_ok=True)
     recipe = tracked_recipe(base, extra)
-    untracked = plain_recipe(base, extra) if extra else RECIPE
+    untracked = write_recipe(base, "plain.yaml", extra) if extra else RECIPE
     import wandb
 
     print(
@@ -144,12 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     for rep in range(args.repeats):
         plain_dir, tracked_dir = base / f"plain_{rep}", base / f"tracked_{rep}"
         runs = [
-            ("plain", tracked_command(args.updates, plain_dir, args.workers, untracked)),
+            ("plain", recipe_command(args.updates, plain_dir, args.workers, untracked)),
             (
                 "tracked",
-                tracked_command(args.updates, tracked_dir, args.workers, untracked)
+                recipe_command(args.updates, tracked_dir, args.workers, untracked)
                 if args.null
-                else tracked_command(args.updates, tracked_dir, args.workers, recipe),
+                else recipe_command(args.updates, tracked_dir, args.workers, recipe),
             ),
         ]
         if rep % 2:
