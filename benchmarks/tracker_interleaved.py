@@ -24,15 +24,19 @@ as proportional to the lines it logs):
 where ``t_on`` and ``t_off`` are the mean times per update in the on and off blocks
 (from when this script sees each block's first and last line, polling every
 ``--poll-ms``) and ``N_on``, ``N_off`` their update counts. The figure is the median
-ratio over ``--runs`` launches, with the smallest and largest. ``--null`` applies the
+ratio over ``--runs`` launches, with the smallest and largest, and the mean with its
+standard error. ``--null`` applies the
 same schedule to the plain run (nothing to stop): its ratios show the method's own
 noise. With ``--mirror-only`` an off block only stops the mirror (rank 0's update
 thread keeps the CPUs the plugin gave it), which leaves out what keeping the update
-thread off the mirror's CPU does. This script runs on the mirror's CPU (the
-highest-numbered one it may use) so that following the file does not take the
-update's. What it cannot see: the mirror's start (importing ``wandb``, W&B's
-service), which falls in the warm-up, and a cost that outlasts a block, such as the
-kernel writing W&B's file to disk later (in a run this short, mostly after it ends).
+thread off the mirror's CPU does. This script starts on the highest-numbered CPU
+and moves onto the mirror's once the mirror runs, so that following the file does
+not take the update's. Both kinds of block hand every line to the plugin's ``on_log``;
+what that adds to a line is timed apart after the runs (the loggers' call with and
+without the plugin, in this process) and printed added to the ratio. What it cannot
+see: the mirror's start (importing ``wandb``, W&B's service), which falls in the
+warm-up, and a cost that outlasts a block, such as the kernel writing W&B's file to
+disk later (in a run this short, mostly after it ends).
 """
 
 from __future__ import annotations
@@ -48,11 +52,14 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sl_ddp_vs_torch import ROOT, SAVE_EVERY, slhub_command, source_digest  # noqa: E402
 from tracker_overhead import recipe_command, tracked_recipe  # noqa: E402
+
+from slhub import hookimpl  # noqa: E402
 
 #: What the mirror's command line holds (``python -m slhub_wandb.mirror``).
 MIRROR_MODULE = "slhub_wandb.mirror"
@@ -106,6 +113,18 @@ def mirror_processes(training: int) -> list[int]:
             below = children(pid)
             return [pid, *below] if below else []
     return []
+
+
+def follow_the_mirror(training: int) -> bool:
+    """Move this script onto the CPUs of the run's mirror once it runs; True once done."""
+    processes = mirror_processes(training)
+    if not processes or CPUS is None:
+        return False
+    try:
+        os.sched_setaffinity(0, os.sched_getaffinity(processes[0]))
+    except OSError:
+        return False
+    return True
 
 
 def signal_all(pids: list[int], signum: int) -> None:
@@ -179,6 +198,8 @@ def interleaved_run(
     """Launch ``command`` and stop/continue the mirror at ``switches``; the marks seen."""
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    if CPUS is not None:
+        os.sched_setaffinity(0, {max(CPUS)})  # until the mirror runs: follow_the_mirror
     log = metrics.parent.with_suffix(".log")
     metrics.parent.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as stderr:
@@ -190,9 +211,12 @@ def interleaved_run(
     paused: Paused | None = None
     pending = list(switches)
     offset = 0
+    followed = False
     try:
         while proc.poll() is None and pending:
             offset, step = last_step(metrics, offset)
+            if tracked and not followed:
+                followed = follow_the_mirror(proc.pid)
             if step is not None and step >= pending[0][0]:
                 running = pending.pop(0)[1]
                 now = time.perf_counter()
@@ -221,6 +245,53 @@ def interleaved_run(
     return marks
 
 
+class OtherLogger:
+    """Stands for the loggers a plain run hands its lines to (slhub's progress)."""
+
+    @hookimpl
+    def on_log(self, trainer: Any, step: int, metrics: dict[str, Any]) -> None:
+        return None
+
+
+def hook_us_per_line(calls: int = 200_000) -> float:
+    """What the plugin adds to rank 0's hand-off of one metrics line (``on_log``), in
+    microseconds: slhub's call of the loggers with the W&B plugin (its mirror started)
+    among them, less the same call without it. Both kinds of block of a tracked run
+    pay it, so the ratio leaves it out; it is added apart."""
+    import pluggy
+    from slhub_wandb.plugin import WandbLogger
+
+    from slhub import hookspecs
+    from slhub.registry import direct_caller
+
+    def seconds(with_plugin: bool) -> float:
+        manager = pluggy.PluginManager(hookspecs.PROJECT)
+        manager.add_hookspecs(hookspecs)
+        manager.register(OtherLogger(), "other")
+        if with_plugin:
+            logger = WandbLogger()
+            logger.mirror = subprocess.Popen([sys.executable, "-c", ""], stdin=subprocess.PIPE)
+            logger.mirror.communicate()
+            manager.register(logger, "wandb")
+        on_log = direct_caller(manager, "on_log")
+        line = {"step": 1, "train/loss": 0.5}
+        best = float("inf")
+        for _ in range(5):
+            started = time.perf_counter()
+            for step in range(calls):
+                on_log(trainer=None, step=step, metrics=line)
+            best = min(best, time.perf_counter() - started)
+        return best
+
+    return (seconds(True) - seconds(False)) / calls * 1e6
+
+
+def lines_per_update(metrics: Path, updates: int) -> float:
+    """How many lines rank 0 hands to ``on_log`` per update (update and validation lines)."""
+    with open(metrics, "rb") as handle:
+        return sum(1 for _ in handle) / updates
+
+
 def ratio(marks: list[Mark]) -> tuple[float, float, float]:
     """(ratio, t_on, t_off) in ms per update from the blocks between consecutive marks."""
     time_in = {True: 0.0, False: 0.0}
@@ -232,6 +303,16 @@ def ratio(marks: list[Mark]) -> tuple[float, float, float]:
     t_off = time_in[False] / updates_in[False]
     share_on = updates_in[True] / (updates_in[True] + updates_in[False])
     return 1 + share_on * (t_on / t_off - 1), 1e3 * t_on, 1e3 * t_off
+
+
+def summary(ratios: list[float]) -> str:
+    """median (min, max), mean +- standard error over the runs."""
+    error = statistics.stdev(ratios) / len(ratios) ** 0.5 if len(ratios) > 1 else 0.0
+    return (
+        f"median over {len(ratios)} run(s): {statistics.median(ratios):.4f} "
+        f"(min {min(ratios):.4f}, max {max(ratios):.4f}), "
+        f"mean {statistics.mean(ratios):.4f} +- {error:.4f}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -256,8 +337,6 @@ def main(argv: list[str] | None = None) -> int:
     switches = schedule(args.updates, args.warmup, args.off, args.on)
     if len(switches) < 3:
         parser.error("--updates leaves no off and on block after --warmup")
-    if CPUS is not None:
-        os.sched_setaffinity(0, {max(CPUS)})
     os.environ.setdefault("WANDB_SILENT", "true")
     base = args.keep or Path(tempfile.mkdtemp(prefix="slhub-tracker-interleaved-"))
     base.mkdir(parents=True, exist_ok=True)
@@ -273,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"slhub {source_digest()}", flush=True)
     ratios = []
+    stopped_ms = []
     for index in range(args.runs):
         folder = base / f"run_{index}"
         if args.null:
@@ -289,15 +369,21 @@ def main(argv: list[str] | None = None) -> int:
         )
         value, t_on, t_off = ratio(marks)
         ratios.append(value)
+        stopped_ms.append(t_off)
         print(
             f"run {index}: update {t_off:.3f} ms stopped, {t_on:.3f} ms running; ratio {value:.4f}",
             flush=True,
         )
-    print(
-        f"\nratio, median over {len(ratios)} run(s): {statistics.median(ratios):.4f} "
-        f"(min {min(ratios):.4f}, max {max(ratios):.4f})",
-        flush=True,
-    )
+    print(f"\nratio, {summary(ratios)}", flush=True)
+    if not args.null:  # the hand-off to the plugin, timed after the runs, on their CPUs
+        per_line = hook_us_per_line()
+        lines = lines_per_update(base / f"run_{args.runs - 1}" / "metrics.jsonl", args.updates)
+        with_hook = [r + per_line * lines / (1e3 * t) for r, t in zip(ratios, stopped_ms)]
+        print(
+            f"the plugin's on_log: {per_line:.3f} us a line, {lines:.3f} lines an update\n"
+            f"ratio with it, {summary(with_hook)}",
+            flush=True,
+        )
     return 0
 
 

@@ -335,60 +335,96 @@ def run_probe(code: str) -> str:
 
 
 @needs_two_cpus
-def test_the_mirror_keeps_to_one_cpu_at_a_lower_priority():
-    """The mirror (and W&B's service, which inherits it) keeps to the highest-numbered
-    CPU it may use, at nice NICENESS above where it started, and its session (its own,
-    as rank 0 starts it) at nice NICENESS where Linux weighs CPU time by session;
-    training keeps the other CPUs."""
+def test_the_mirror_keeps_to_its_cpus_at_a_lower_priority():
+    """The mirror (and W&B's service, which inherits it) keeps to the CPUs rank 0 chose
+    for it, at nice NICENESS above where it started, and its session (its own, as rank 0
+    starts it) at nice NICENESS where Linux weighs CPU time by session."""
     from slhub_wandb.mirror import AUTOGROUP, NICENESS
 
     first, second = sorted(os.sched_getaffinity(0))[:2]
     probe = (
         "import os; from slhub_wandb.mirror import keep_out_of_the_way, AUTOGROUP; "
         f"os.sched_setaffinity(0, {{{first}, {second}}}); before = os.nice(0); "
-        "keep_out_of_the_way(); "
+        f"keep_out_of_the_way({{{first}}}); "
         "session = AUTOGROUP.read_text().split()[-1] if AUTOGROUP.exists() else 'none'; "
         "print(sorted(os.sched_getaffinity(0)), before, os.nice(0), session)"
     )
     out = run_probe(probe)
     cpus, before, after, session = out.rsplit(maxsplit=3)
-    assert cpus == f"[{second}]"
+    assert cpus == f"[{first}]"
     assert int(after) == min(int(before) + NICENESS, 19)
     if AUTOGROUP.exists():
         assert session == str(NICENESS)
 
 
+def test_the_mirror_takes_a_cpu_the_update_thread_is_not_on():
+    from slhub_wandb.mirror import mirror_cpus
+
+    assert mirror_cpus({0, 1}, 1) == {0}
+    assert mirror_cpus({0, 1}, 0) == {1}
+    assert mirror_cpus({0, 1, 2, 3}, 3) == {2}
+    assert mirror_cpus({0, 1, 2, 3}, 1) == {3}
+    assert mirror_cpus({4, 6}, None) == {6}  # where the platform does not say
+    assert mirror_cpus({4, 6}, 2) == {6}
+    assert mirror_cpus({3}, 3) == {3}  # one CPU: the mirror shares it
+
+
 def test_the_update_thread_keeps_off_the_mirrors_cpu_only_with_cpus_to_spare():
     from slhub_wandb.mirror import update_thread_cpus
 
-    assert update_thread_cpus({0, 1, 2, 3}, 1) == {0, 1, 2}
-    assert update_thread_cpus({0, 1, 2, 3}, 3) == {0, 1, 2}
-    assert update_thread_cpus({0, 1, 2, 3}, 4) is None  # every CPU has a compute thread
-    assert update_thread_cpus({5, 9}, 1) == {5}
-    assert update_thread_cpus({3}, 1) is None
+    assert update_thread_cpus({0, 1, 2, 3}, 1, {3}) == {0, 1, 2}
+    assert update_thread_cpus({0, 1, 2, 3}, 3, {0}) == {1, 2, 3}
+    assert update_thread_cpus({0, 1, 2, 3}, 4, {3}) is None  # every CPU has a compute thread
+    assert update_thread_cpus({5, 9}, 1, {5}) == {9}
+    assert update_thread_cpus({3}, 1, {3}) is None
+
+
+@needs_two_cpus
+def test_the_thread_says_which_cpu_it_runs_on(tmp_path: Path):
+    from slhub_wandb.mirror import current_cpu
+
+    second = sorted(os.sched_getaffinity(0))[1]
+    probe = (
+        "import os; from slhub_wandb.mirror import current_cpu; "
+        f"os.sched_setaffinity(0, {{{second}}}); print(current_cpu())"
+    )
+    assert run_probe(probe).strip() == str(second)
+    torn = tmp_path / "stat"
+    torn.write_text("1234 (python) R 1 2", encoding="ascii")
+    assert current_cpu(torn) is None
+    assert current_cpu(tmp_path / "missing") is None
 
 
 @needs_two_cpus
 def test_rank_0_keeps_its_update_thread_off_the_mirrors_cpu_until_the_run_ends():
     """With one compute thread on two CPUs the update thread leaves the mirror's CPU
-    (the higher) while the mirror runs, and has both again when the run ends."""
+    while the mirror runs, and has both again when the run ends."""
     first, second = sorted(os.sched_getaffinity(0))[:2]
     probe = (
         "import json, os, torch; from slhub_wandb.plugin import keep_off_the_mirror, "
         f"restore_cpus; os.sched_setaffinity(0, {{{first}, {second}}}); "
-        "torch.set_num_threads(1); had = keep_off_the_mirror(); "
+        f"torch.set_num_threads(1); had = keep_off_the_mirror({{{first}}}); "
         "during = sorted(os.sched_getaffinity(0)); restore_cpus(had); "
         "print(json.dumps([sorted(had), during, sorted(os.sched_getaffinity(0))]))"
     )
-    assert json.loads(run_probe(probe)) == [[first, second], [first], [first, second]]
+    assert json.loads(run_probe(probe)) == [[first, second], [second], [first, second]]
 
 
 class AffinityAt:
-    """Records the update thread's CPUs when update ``step`` commits."""
+    """Records the CPU the update thread runs on at its first metrics line (before the
+    other plugins see that line) and its CPUs when update ``step`` commits."""
 
     def __init__(self, step: int) -> None:
         self.step = step
+        self.first_cpu: int | None = None
         self.seen: set[int] | None = None
+
+    @hookimpl(tryfirst=True)
+    def on_log(self, step: int) -> None:
+        from slhub_wandb.mirror import current_cpu
+
+        if self.first_cpu is None:
+            self.first_cpu = current_cpu()
 
     @hookimpl
     def on_commit(self, step: int) -> None:
@@ -397,21 +433,28 @@ class AffinityAt:
 
 
 @needs_two_cpus
-def test_a_run_keeps_its_update_thread_off_the_mirrors_cpu_and_gives_it_back(
+def test_a_run_keeps_its_update_thread_where_it_runs_off_the_mirrors_cpu_and_gives_it_back(
     tmp_path: Path, importable_examples
 ):
+    """The update thread keeps the CPU it ran on at the first metrics line and every
+    other but the mirror's (one CPU); when the run ends it has all of them again. The
+    thread starts on the highest-numbered CPU, the one the mirror took before it looked
+    where the update runs."""
     import torch
 
-    from slhub_wandb.mirror import spare_cpus
-
     before, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    os.sched_setaffinity(0, {max(before)})  # move there; the scheduler keeps it there
+    os.sched_setaffinity(0, before)
     probe = AffinityAt(3)
     torch.set_num_threads(1)
     try:
         train(tmp_path / "run", plugins=["wandb", probe])
     finally:
         torch.set_num_threads(threads)
-    assert probe.seen == before - spare_cpus(before)
+        os.sched_setaffinity(0, before)
+    assert probe.first_cpu is not None and probe.seen is not None
+    assert probe.first_cpu in probe.seen
+    assert len(before - probe.seen) == 1
     assert os.sched_getaffinity(0) == before
 
 

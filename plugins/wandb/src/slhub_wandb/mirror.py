@@ -17,12 +17,14 @@ preempted run's last lines still reach W&B.
 
 It keeps out of training's way: at a lower scheduling priority (nice
 :data:`NICENESS`, for its session too: :func:`lower_session_priority`) and, where
-the process may use more than one CPU, on one CPU only (:func:`spare_cpus`), all
-inherited by W&B's service process; where rank 0 has CPUs to spare, its update
-thread keeps off that one (:func:`update_thread_cpus`). Left free to run anywhere,
-W&B's threads and the update meet on one CPU and the update slows, even with a CPU
-idle. On a busy machine training gets the CPU first and the mirror catches up when
-it finishes.
+the process may use more than one CPU, on one CPU only, all inherited by W&B's
+service process: one that rank 0's update thread is not running on when the mirror
+starts (:func:`mirror_cpus`). Where rank 0 has CPUs to spare, its update thread
+keeps off that one and stays where the scheduler put it (:func:`update_thread_cpus`).
+Left free to run anywhere, W&B's threads and the update meet on one CPU and the
+update slows, even with a CPU idle. The update is never moved: W&B takes a CPU
+around it, so training runs where it would without the plugin. On a busy machine
+training gets the CPU first and the mirror catches up when it finishes.
 """
 
 from __future__ import annotations
@@ -49,6 +51,11 @@ POLL_S = 0.05
 NICENESS = 10
 #: Where Linux keeps the nice value of a process's session (autogroup scheduling).
 AUTOGROUP = Path("/proc/self/autogroup")
+#: The calling thread's state on Linux; the CPU it runs on is one of its fields.
+THREAD_STAT = Path("/proc/thread-self/stat")
+#: Which field of :data:`THREAD_STAT` that CPU is, counted after the command name
+#: (field 39, ``processor``, of proc(5)).
+CPU_FIELD = 36
 
 
 @dataclass
@@ -63,6 +70,8 @@ class MirrorSpec:
     init: dict[str, Any]
     config: dict[str, Any]
     summary: dict[str, Any] = field(default_factory=dict)
+    #: The CPUs the mirror and W&B's service keep to (empty: every CPU it was given).
+    cpus: list[int] = field(default_factory=list)
 
     def to_line(self) -> str:
         return json.dumps(asdict(self)) + "\n"
@@ -156,22 +165,36 @@ def read_commands(closing: threading.Event, outcome: list[Closing]) -> None:
     closing.set()
 
 
-def spare_cpus(allowed: set[int]) -> set[int]:
-    """The CPUs the mirror keeps to: the highest-numbered one it may use, when it may
-    use several (the scheduler then keeps training on the others); else all of them."""
-    return {max(allowed)} if len(allowed) > 1 else set(allowed)
+def current_cpu(stat: Path = THREAD_STAT) -> int | None:
+    """The CPU the calling thread runs on (None where the platform does not say)."""
+    try:
+        return int(stat.read_text(encoding="ascii").rsplit(")", 1)[1].split()[CPU_FIELD])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
-def update_thread_cpus(allowed: set[int], compute_threads: int) -> set[int] | None:
+def mirror_cpus(allowed: set[int], update_cpu: int | None) -> set[int]:
+    """The CPUs the mirror keeps to: where it may use several, the highest-numbered one
+    other than ``update_cpu``, the one rank 0's update thread runs on (the scheduler's
+    choice, which the update keeps); else all of them."""
+    if len(allowed) < 2:
+        return set(allowed)
+    others = allowed - {update_cpu} if update_cpu is not None else allowed
+    return {max(others)}
+
+
+def update_thread_cpus(
+    allowed: set[int], compute_threads: int, mirror: set[int]
+) -> set[int] | None:
     """The CPUs rank 0's update thread keeps to while the mirror runs: all it may use
-    but the mirror's (:func:`spare_cpus`), where it may use more CPUs than it has
-    compute threads (``torch.get_num_threads()``); else None, it keeps them all.
+    but the ``mirror``'s, where it may use more CPUs than it has compute threads
+    (``torch.get_num_threads()``); else None, it keeps them all.
 
     Left free, the scheduler moves the update onto the mirror's CPU now and then,
     where it shares that CPU with W&B's work while another CPU stands idle."""
     if len(allowed) < 2 or len(allowed) <= compute_threads:
         return None
-    return allowed - spare_cpus(allowed)
+    return allowed - mirror
 
 
 def lower_session_priority(niceness: int, autogroup: Path = AUTOGROUP) -> bool:
@@ -188,26 +211,26 @@ def lower_session_priority(niceness: int, autogroup: Path = AUTOGROUP) -> bool:
     return True
 
 
-def keep_out_of_the_way() -> None:
-    """Lower this process's priority, its session's too, and keep it to
-    :func:`spare_cpus` (where the platform has none of these, the mirror runs as it is)."""
+def keep_out_of_the_way(cpus: set[int]) -> None:
+    """Lower this process's priority, its session's too, and keep it to ``cpus`` (none:
+    the CPUs it has; where the platform has none of these, the mirror runs as it is)."""
     try:
         os.nice(NICENESS)
     except OSError:
         pass
     lower_session_priority(NICENESS)
-    if hasattr(os, "sched_getaffinity"):
+    if cpus and hasattr(os, "sched_setaffinity"):
         try:
-            os.sched_setaffinity(0, spare_cpus(os.sched_getaffinity(0)))
+            os.sched_setaffinity(0, cpus)
         except OSError:
             pass
 
 
 def main() -> int:
-    keep_out_of_the_way()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     spec = MirrorSpec(**json.loads(sys.stdin.readline()))
+    keep_out_of_the_way(set(spec.cpus))  # before W&B starts: its processes inherit it
     closing = threading.Event()
     outcome: list[Closing] = []
     threading.Thread(target=read_commands, args=(closing, outcome), daemon=True).start()

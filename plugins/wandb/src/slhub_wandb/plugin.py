@@ -37,7 +37,13 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from slhub import SlhubError, Trainer, hookimpl, unwritable_reason
 
-from slhub_wandb.mirror import Closing, MirrorSpec, update_thread_cpus
+from slhub_wandb.mirror import (
+    Closing,
+    MirrorSpec,
+    current_cpu,
+    mirror_cpus,
+    update_thread_cpus,
+)
 
 if importlib.util.find_spec("wandb") is None:  # fail when the plugin loads, not mid-run
     raise ImportError(
@@ -158,15 +164,24 @@ def wait_for_free_name(folder: Path, run_id: str, limit_s: float = MAX_NAME_WAIT
     return True
 
 
-def keep_off_the_mirror() -> set[int] | None:
-    """Keep the calling (update) thread off the mirror's CPU where it has CPUs to
+def cpus_for_the_mirror() -> set[int]:
+    """The CPUs the mirror keeps to (:func:`~slhub_wandb.mirror.mirror_cpus`): not the
+    one the calling (update) thread runs on, where it may use several; none where the
+    platform has no CPU affinity."""
+    if not hasattr(os, "sched_getaffinity"):
+        return set()
+    return mirror_cpus(os.sched_getaffinity(0), current_cpu())
+
+
+def keep_off_the_mirror(mirror: set[int]) -> set[int] | None:
+    """Keep the calling (update) thread off the ``mirror``'s CPUs where it has CPUs to
     spare (:func:`~slhub_wandb.mirror.update_thread_cpus`); the CPUs it had, or None
     where it keeps them all. Threads started before (torch's compute threads, data
     workers) keep theirs; threads it starts afterwards inherit its CPUs."""
     if not hasattr(os, "sched_setaffinity"):
         return None
     allowed = os.sched_getaffinity(0)
-    cpus = update_thread_cpus(allowed, torch.get_num_threads())
+    cpus = update_thread_cpus(allowed, torch.get_num_threads(), mirror)
     if cpus is None:
         return None
     try:
@@ -210,8 +225,9 @@ class WandbLogger:
         """Start the mirror at rank 0's first line; it reads every line from the file."""
         if self.mirror is None and trainer.is_main:
             if trainer.section(SECTION).mode != "disabled":
-                self.mirror = self._start(trainer, step)
-                self.update_cpus = keep_off_the_mirror()
+                cpus = cpus_for_the_mirror()
+                self.mirror = self._start(trainer, step, cpus)
+                self.update_cpus = keep_off_the_mirror(cpus)
 
     @hookimpl
     def on_fit_end(self, trainer: Trainer, status: str) -> None:
@@ -239,8 +255,9 @@ class WandbLogger:
         if code != 0:
             LOG.warning("W&B mirror failed; metrics.jsonl holds every line", exit_code=code)
 
-    def _start(self, trainer: Trainer, first_step: int) -> subprocess.Popen[str]:
-        """Start the mirror that logs this process's lines into the run's W&B run."""
+    def _start(self, trainer: Trainer, first_step: int, cpus: set[int]) -> subprocess.Popen[str]:
+        """Start the mirror, kept to ``cpus``, that logs this process's lines into the
+        run's W&B run."""
         section: WandbSection = trainer.section(SECTION)
         output_dir = Path(trainer.output_dir)
         identity = json.loads((output_dir / RUN_FILE).read_text(encoding="utf-8"))
@@ -285,6 +302,7 @@ class WandbLogger:
                     {"step": m["step"], "checkpoint": m.get("checkpoint")} for m in markers
                 ]
             },
+            cpus=sorted(cpus),
         )
         package_root = str(Path(__file__).resolve().parents[1])
         env = dict(os.environ)
