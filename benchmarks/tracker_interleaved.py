@@ -1,9 +1,10 @@
 """What the W&B plugin costs an update, measured inside one tracked run: the mirror
 (and W&B's service) stopped and running in alternating blocks of updates.
 
-    OMP_NUM_THREADS=1 python benchmarks/tracker_interleaved.py              # 20000 updates, 9 runs
+    OMP_NUM_THREADS=1 python benchmarks/tracker_interleaved.py              # 60000 updates, 9 runs
     OMP_NUM_THREADS=1 python benchmarks/tracker_interleaved.py --null       # the same, plain runs
-    OMP_NUM_THREADS=1 python benchmarks/tracker_interleaved.py --updates 6000 --runs 1   # smoke
+    OMP_NUM_THREADS=1 python benchmarks/tracker_interleaved.py --updates 8000 --warmup 2000 \
+        --off 1000 --on 2000 --runs 1                                        # smoke
 
 Launch pairs (``tracker_overhead.py``) differ by more than the overhead: on a 2-core
 VM a plain update alone moves by 10% to 20% from one launch to the next. Here one
@@ -15,9 +16,11 @@ stopped (SIGSTOP: no CPU, no I/O) and the training threads free to use every CPU
 then ``--on`` updates as the plugin runs them, the mirror logging the lines the off
 block left as well as its own and rank 0's update thread kept off the mirror's CPU.
 Blocks are whole multiples of the checkpoint interval, so each holds the same share
-of validations and checkpoints. The mirror does all of its work in the on blocks,
-so their extra time over the off blocks is what it costs the run (taking its cost
-as proportional to the lines it logs):
+of validations and checkpoints, and long (2000 and 4000 updates, about a second or
+two): each switch signals W&B's processes and may move the update thread, which
+costs the update a little that the formula below charges to the mirror. The mirror
+does all of its work in the on blocks, so their extra time over the off blocks is
+what it costs the run (taking its cost as proportional to the lines it logs):
 
     ratio = 1 + N_on / (N_on + N_off) * (t_on / t_off - 1)
 
@@ -286,6 +289,18 @@ def hook_us_per_line(calls: int = 200_000) -> float:
     return (seconds(True) - seconds(False)) / calls * 1e6
 
 
+def cpu_ticks() -> tuple[int, int]:
+    """(steal, total) clock ticks of all CPUs so far (Linux ``/proc/stat``; 0, 0 elsewhere).
+    Steal is time a virtual machine's CPU was ready to run and the host ran something
+    else: where it is high, work on one CPU takes time from the others."""
+    try:
+        fields = Path("/proc/stat").read_text(encoding="ascii").split("\n", 1)[0].split()
+    except OSError:
+        return 0, 0
+    ticks = [int(value) for value in fields[1:9]]
+    return ticks[7], sum(ticks)
+
+
 def lines_per_update(metrics: Path, updates: int) -> float:
     """How many lines rank 0 hands to ``on_log`` per update (update and validation lines)."""
     with open(metrics, "rb") as handle:
@@ -317,11 +332,11 @@ def summary(ratios: list[float]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--updates", type=int, default=20000)
+    parser.add_argument("--updates", type=int, default=60000)
     parser.add_argument("--runs", type=int, default=9)
-    parser.add_argument("--warmup", type=int, default=4000)
-    parser.add_argument("--off", type=int, default=200)
-    parser.add_argument("--on", type=int, default=400)
+    parser.add_argument("--warmup", type=int, default=6000)
+    parser.add_argument("--off", type=int, default=2000)
+    parser.add_argument("--on", type=int, default=4000)
     parser.add_argument("--poll-ms", type=float, default=2.0)
     parser.add_argument("--null", action="store_true", help="plain runs, the same schedule")
     parser.add_argument(
@@ -359,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
             command = slhub_command(args.updates, folder, 1)
         else:
             command = recipe_command(args.updates, folder, 1, recipe)
+        steal_before, total_before = cpu_ticks()
         marks = interleaved_run(
             command,
             folder / "metrics.jsonl",
@@ -367,11 +383,14 @@ def main(argv: list[str] | None = None) -> int:
             free_threads=not args.mirror_only,
             poll_s=args.poll_ms / 1e3,
         )
+        steal_after, total_after = cpu_ticks()
+        steal = (steal_after - steal_before) / max(1, total_after - total_before)
         value, t_on, t_off = ratio(marks)
         ratios.append(value)
         stopped_ms.append(t_off)
         print(
-            f"run {index}: update {t_off:.3f} ms stopped, {t_on:.3f} ms running; ratio {value:.4f}",
+            f"run {index}: update {t_off:.3f} ms stopped, {t_on:.3f} ms running; ratio "
+            f"{value:.4f}; host steal {100 * steal:.1f}% of the CPUs' time",
             flush=True,
         )
     print(f"\nratio, {summary(ratios)}", flush=True)
