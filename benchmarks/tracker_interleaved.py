@@ -53,6 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -194,22 +195,38 @@ def schedule(updates: int, warmup: int, off: int, on: int) -> list[tuple[int, bo
     return switches + [(step, True)]
 
 
-def interleaved_run(
-    command: list[str], metrics: Path, switches: list[tuple[int, bool]], tracked: bool,
-    free_threads: bool, poll_s: float,
-) -> list[Mark]:  # fmt: skip
-    """Launch ``command`` and stop/continue the mirror at ``switches``; the marks seen."""
+def start_training(
+    command: list[str], metrics: Path, preexec_fn: Callable[[], None] | None = None
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """Launch the run ``command`` (its metrics.jsonl is ``metrics``) from the repository,
+    its stderr into a log file beside its folder; the process and that log."""
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    if CPUS is not None:
-        os.sched_setaffinity(0, {max(CPUS)})  # until the mirror runs: follow_the_mirror
     log = metrics.parent.with_suffix(".log")
     metrics.parent.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as stderr:
         proc = subprocess.Popen(
             command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr,
-            preexec_fn=restore_cpus,
+            preexec_fn=preexec_fn,
         )  # fmt: skip
+    return proc, log
+
+
+def wait_for_success(proc: subprocess.Popen[bytes], log: Path) -> None:
+    """Wait for the run to end; stop with its log's tail if it failed."""
+    if proc.wait() != 0:
+        sys.stderr.write(log.read_text(encoding="utf-8", errors="replace")[-4000:])
+        raise SystemExit(f"the run failed with exit code {proc.returncode}")
+
+
+def interleaved_run(
+    command: list[str], metrics: Path, switches: list[tuple[int, bool]], tracked: bool,
+    free_threads: bool, poll_s: float,
+) -> list[Mark]:  # fmt: skip
+    """Launch ``command`` and stop/continue the mirror at ``switches``; the marks seen."""
+    if CPUS is not None:
+        os.sched_setaffinity(0, {max(CPUS)})  # until the mirror runs: follow_the_mirror
+    proc, log = start_training(command, metrics, preexec_fn=restore_cpus)
     marks: list[Mark] = []
     paused: Paused | None = None
     pending = list(switches)
@@ -240,9 +257,7 @@ def interleaved_run(
     finally:
         if paused is not None:
             resume(paused)
-    if proc.wait() != 0:
-        sys.stderr.write(log.read_text(encoding="utf-8", errors="replace")[-4000:])
-        raise SystemExit(f"the run failed with exit code {proc.returncode}")
+    wait_for_success(proc, log)
     if pending:
         raise SystemExit(f"the run ended before update {pending[0][0]}")
     return marks

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,8 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sl_ddp_vs_torch import ROOT, slhub_command, source_digest  # noqa: E402
-from tracker_interleaved import last_step  # noqa: E402
+from sl_ddp_vs_torch import slhub_command, source_digest  # noqa: E402
+from tracker_interleaved import last_step, start_training, wait_for_success  # noqa: E402
 
 
 def pinned_run(
@@ -37,14 +36,7 @@ def pinned_run(
 ) -> dict[int, float]:
     """Launch ``command``; from each step in ``starts`` pin its update thread to the next
     of ``cpus``; the mean seconds per update on each CPU (the last block closes it)."""
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    log = metrics.parent.with_suffix(".log")
-    metrics.parent.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "wb") as stderr:
-        proc = subprocess.Popen(
-            command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr
-        )
+    proc, log = start_training(command, metrics)
     marks: list[tuple[int, float, int]] = []
     offset = 0
     while proc.poll() is None and len(marks) < len(starts):
@@ -54,9 +46,7 @@ def pinned_run(
             os.sched_setaffinity(proc.pid, {cpu})  # the main thread: the update's
             marks.append((step, time.perf_counter(), cpu))
         time.sleep(poll_s)
-    if proc.wait() != 0:
-        sys.stderr.write(log.read_text(encoding="utf-8", errors="replace")[-4000:])
-        raise SystemExit(f"the run failed with exit code {proc.returncode}")
+    wait_for_success(proc, log)
     if len(marks) < len(starts):
         raise SystemExit(f"the run ended before update {starts[len(marks)]}")
     seconds = dict.fromkeys(cpus, 0.0)
