@@ -3,6 +3,7 @@
 
     OMP_NUM_THREADS=1 python benchmarks/tracker_interleaved.py              # 60000 updates, 9 runs
     OMP_NUM_THREADS=1 python benchmarks/tracker_interleaved.py --null       # the same, plain runs
+    OMP_NUM_THREADS=1 python benchmarks/tracker_interleaved.py --spin       # a busy CPU instead
     OMP_NUM_THREADS=1 python benchmarks/tracker_interleaved.py --updates 8000 --warmup 2000 \
         --off 1000 --on 2000 --runs 1                                        # smoke
 
@@ -16,8 +17,8 @@ stopped (SIGSTOP: no CPU, no I/O) and the training threads free to use every CPU
 then ``--on`` updates as the plugin runs them, the mirror logging the lines the off
 block left as well as its own and rank 0's update thread kept off the mirror's CPU.
 Blocks are whole multiples of the checkpoint interval, so each holds the same share
-of validations and checkpoints, and long (2000 and 4000 updates, about a second or
-two): each switch signals W&B's processes and may move the update thread, which
+of validations and checkpoints, and long (1000 and 4000 updates, about half a second
+and two): each switch signals W&B's processes and may move the update thread, which
 costs the update a little that the formula below charges to the mirror. The mirror
 does all of its work in the on blocks, so their extra time over the off blocks is
 what it costs the run (taking its cost as proportional to the lines it logs):
@@ -26,18 +27,34 @@ what it costs the run (taking its cost as proportional to the lines it logs):
 
 where ``t_on`` and ``t_off`` are the mean times per update in the on and off blocks
 (from when this script sees each block's first and last line, polling every
-``--poll-ms``) and ``N_on``, ``N_off`` their update counts. The figure is the median
-ratio over ``--runs`` launches, with the smallest and largest, and the mean with its
-standard error. ``--null`` applies the
-same schedule to the plain run (nothing to stop): its ratios show the method's own
-noise. With ``--mirror-only`` an off block only stops the mirror (rank 0's update
-thread keeps the CPUs the plugin gave it), which leaves out what keeping the update
-thread off the mirror's CPU does. This script starts on the highest-numbered CPU
-and moves onto the mirror's once the mirror runs, so that following the file does
-not take the update's. Both kinds of block hand every line to the plugin's ``on_log``;
-what that adds to a line is timed apart after the runs (the loggers' call with and
-without the plugin, in this process) and printed added to the ratio. What it cannot
-see: the mirror's start (importing ``wandb``, W&B's service), which falls in the
+``--poll-ms``) and ``N_on``, ``N_off`` their update counts. That holds only while the
+mirror keeps up: an on block logs (N_on + N_off) / N_on lines an update, 1.25 with
+the default blocks, and the script prints the share of a CPU the stopped processes
+used in the on blocks; near 100% they fell behind and the ratio leaves out what
+they did after. The figure is the median ratio over ``--runs`` launches, with the
+smallest and largest, and the mean with its standard error.
+
+Beside the wall clock, the same ratio of the update thread's own time on a CPU
+(Linux ``schedstat``; without the time the host ran something else on that CPU,
+steal, where the kernel accounts for it), and per update what it waited for a CPU
+and what it spent neither running nor waiting (asleep on a disk write, or stolen),
+with each CPU's steal share in the two kinds of block: where the extra time of the
+on blocks is, in the update's own work or around it.
+
+``--null`` applies the same schedule to the plain run (nothing to stop): its ratios
+show the method's own noise; with ``--mirror-only`` the plain run keeps off the
+mirror's CPU, as the tracked one does. ``--spin`` runs plain runs beside a process that only
+keeps the mirror's CPU busy (the highest-numbered one, at the mirror's nice value),
+stopped in the off blocks, with the run kept off that CPU: what a busy neighbour
+CPU costs an update on the machine, whatever keeps it busy. With ``--mirror-only``
+an off block only stops the mirror (rank 0's update thread keeps the CPUs the
+plugin gave it), which leaves out what keeping the update thread off the mirror's
+CPU does. This script starts on the highest-numbered CPU and moves onto the
+mirror's once the mirror runs, so that following the file does not take the
+update's. Both kinds of block hand every line to the plugin's ``on_log``; what that
+adds to a line is timed apart after the runs (the loggers' call with and without
+the plugin, in this process) and printed added to the ratio. What it cannot see:
+the mirror's start (importing ``wandb``, W&B's service), which falls in the
 warm-up, and a cost that outlasts a block, such as the kernel writing W&B's file to
 disk later (in a run this short, mostly after it ends).
 """
@@ -54,13 +71,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sl_ddp_vs_torch import ROOT, SAVE_EVERY, slhub_command, source_digest  # noqa: E402
+from slhub_wandb.mirror import NICENESS  # noqa: E402
 from tracker_overhead import recipe_command, tracked_recipe  # noqa: E402
 
 from slhub import hookimpl  # noqa: E402
@@ -76,6 +94,14 @@ class Mark:
     step: int
     time: float
     running: bool
+    #: Nanoseconds rank 0's update thread had run on a CPU, and waited for one, by then
+    #: (:func:`thread_schedstat`).
+    run_ns: int = 0
+    wait_ns: int = 0
+    #: (steal, total) clock ticks of each CPU by then (:func:`steal_per_cpu`).
+    steal: dict[int, tuple[int, int]] = field(default_factory=dict)
+    #: CPU clock ticks the mirror and W&B's processes had used by then (:func:`cpu_used`).
+    tracker_ticks: int = 0
 
 
 def last_step(path: Path, offset: int) -> tuple[int, int | None]:
@@ -147,13 +173,10 @@ class Paused:
     cpus: dict[int, set[int]]
 
 
-def pause(training: int, step: int, free_threads: bool) -> Paused:
-    """Stop the mirror and its W&B processes and, with ``free_threads``, give the
-    training process's threads every CPU, as in a plain run (the plugin keeps rank 0's
-    update thread off the mirror's CPU while the mirror runs)."""
-    processes = mirror_processes(training)
-    if not processes:
-        raise SystemExit(f"no W&B mirror with its service by update {step}: raise --warmup")
+def pause(training: int, processes: list[int], free_threads: bool) -> Paused:
+    """Stop ``processes`` (the mirror and its W&B processes, or the spinner) and, with
+    ``free_threads``, give the training process's threads every CPU, as in a plain run
+    (the plugin keeps rank 0's update thread off the mirror's CPU while the mirror runs)."""
     signal_all(processes, signal.SIGSTOP)
     cpus: dict[int, set[int]] = {}
     for task in Path(f"/proc/{training}/task").iterdir() if free_threads else ():
@@ -219,14 +242,32 @@ def wait_for_success(proc: subprocess.Popen[bytes], log: Path) -> None:
         raise SystemExit(f"the run failed with exit code {proc.returncode}")
 
 
+def start_spinner() -> subprocess.Popen[bytes]:
+    """A process that only keeps a CPU busy, where and as the mirror would run: on the
+    highest-numbered CPU, at the mirror's nice value."""
+    code = f"import os\nos.nice({NICENESS})\nos.sched_setaffinity(0, {{{max(CPUS or {0})}}})\n"
+    return subprocess.Popen([sys.executable, "-c", code + "while True: pass"])
+
+
+def off_the_spinner() -> None:
+    """In the launched run beside a spinner: every CPU this script was given but its."""
+    if CPUS is not None and len(CPUS) > 1:
+        os.sched_setaffinity(0, CPUS - {max(CPUS)})
+
+
 def interleaved_run(
     command: list[str], metrics: Path, switches: list[tuple[int, bool]], tracked: bool,
-    free_threads: bool, poll_s: float,
+    free_threads: bool, poll_s: float, spin: bool = False, off_top_cpu: bool = False,
 ) -> list[Mark]:  # fmt: skip
-    """Launch ``command`` and stop/continue the mirror at ``switches``; the marks seen."""
+    """Launch ``command`` and stop/continue the mirror (or, with ``spin``, a spinner
+    beside a plain run) at ``switches``; the marks seen. With ``spin`` or
+    ``off_top_cpu`` the run keeps off the highest-numbered CPU."""
     if CPUS is not None:
         os.sched_setaffinity(0, {max(CPUS)})  # until the mirror runs: follow_the_mirror
-    proc, log = start_training(command, metrics, preexec_fn=restore_cpus)
+    spinner = start_spinner() if spin else None
+    proc, log = start_training(
+        command, metrics, preexec_fn=off_the_spinner if spin or off_top_cpu else restore_cpus
+    )
     marks: list[Mark] = []
     paused: Paused | None = None
     pending = list(switches)
@@ -240,12 +281,22 @@ def interleaved_run(
             if step is not None and step >= pending[0][0]:
                 running = pending.pop(0)[1]
                 now = time.perf_counter()
-                if tracked and not running:
-                    paused = pause(proc.pid, step, free_threads)
+                helpers = [spinner.pid] if spinner else []
+                if tracked:
+                    helpers = mirror_processes(proc.pid)
+                    if not helpers:
+                        raise SystemExit(
+                            f"no W&B mirror with its service by update {step}: raise --warmup"
+                        )
+                if helpers and not running:
+                    paused = pause(proc.pid, helpers, free_threads)
                 elif paused is not None:
                     resume(paused)
                     paused = None
-                marks.append(Mark(step, now, running))
+                tracker = cpu_used(helpers)
+                marks.append(
+                    Mark(step, now, running, *thread_schedstat(proc.pid), steal_per_cpu(), tracker)
+                )
             time.sleep(poll_s)
     except BaseException:
         if paused is not None:
@@ -257,6 +308,9 @@ def interleaved_run(
     finally:
         if paused is not None:
             resume(paused)
+        if spinner is not None:
+            spinner.kill()
+            spinner.wait()
     wait_for_success(proc, log)
     if pending:
         raise SystemExit(f"the run ended before update {pending[0][0]}")
@@ -304,6 +358,55 @@ def hook_us_per_line(calls: int = 200_000) -> float:
     return (seconds(True) - seconds(False)) / calls * 1e6
 
 
+def thread_schedstat(pid: int) -> tuple[int, int]:
+    """How long the main thread of ``pid`` (rank 0's update thread) has run on a CPU,
+    and waited, runnable, for one, in nanoseconds (Linux ``schedstat``; 0, 0 elsewhere).
+    Time the host ran something else on its CPU (steal) is in neither where the kernel
+    accounts for steal (``CONFIG_PARAVIRT_TIME_ACCOUNTING``)."""
+    try:
+        fields = Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()
+        return int(fields[0]), int(fields[1])
+    except (OSError, IndexError, ValueError):
+        return 0, 0
+
+
+def cpu_used(pids: list[int]) -> int:
+    """User and system clock ticks the processes ``pids`` have used (Linux ``/proc``)."""
+    ticks = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime: fields 14, 15 of proc(5)
+    return ticks
+
+
+def tracker_share(marks: list[Mark]) -> float:
+    """The share of one CPU the mirror and W&B's processes used in the on blocks."""
+    ticks = seconds = 0.0
+    for start, end in zip(marks, marks[1:], strict=False):
+        if start.running:
+            ticks += end.tracker_ticks - start.tracker_ticks
+            seconds += end.time - start.time
+    return ticks / os.sysconf("SC_CLK_TCK") / seconds if seconds else 0.0
+
+
+def steal_per_cpu() -> dict[int, tuple[int, int]]:
+    """(steal, total) clock ticks of each CPU so far (Linux ``/proc/stat``; empty elsewhere)."""
+    ticks: dict[int, tuple[int, int]] = {}
+    try:
+        lines = Path("/proc/stat").read_text(encoding="ascii").splitlines()
+    except OSError:
+        return ticks
+    for line in lines:
+        fields = line.split()
+        if fields and fields[0].startswith("cpu") and fields[0][3:].isdigit():
+            values = [int(value) for value in fields[1:9]]
+            ticks[int(fields[0][3:])] = (values[7], sum(values))
+    return ticks
+
+
 def cpu_ticks() -> tuple[int, int]:
     """(steal, total) clock ticks of all CPUs so far (Linux ``/proc/stat``; 0, 0 elsewhere).
     Steal is time a virtual machine's CPU was ready to run and the host ran something
@@ -322,17 +425,49 @@ def lines_per_update(metrics: Path, updates: int) -> float:
         return sum(1 for _ in handle) / updates
 
 
-def ratio(marks: list[Mark]) -> tuple[float, float, float]:
-    """(ratio, t_on, t_off) in ms per update from the blocks between consecutive marks."""
+def wall_s(mark: Mark) -> float:
+    return mark.time
+
+
+def update_thread_s(mark: Mark) -> float:
+    return mark.run_ns / 1e9
+
+
+def waiting_s(mark: Mark) -> float:
+    return mark.wait_ns / 1e9
+
+
+def blocked_s(mark: Mark) -> float:
+    """Wall time the update thread neither ran nor waited for a CPU: it slept (on a
+    disk write, say) or the host ran something else on its CPU."""
+    return mark.time - (mark.run_ns + mark.wait_ns) / 1e9
+
+
+def ratio(marks: list[Mark], clock: Callable[[Mark], float] = wall_s) -> tuple[float, float, float]:
+    """(ratio, t_on, t_off) in ms per update from the blocks between consecutive marks,
+    timed by ``clock`` (seconds): the wall clock, or the update thread's own time."""
     time_in = {True: 0.0, False: 0.0}
     updates_in = {True: 0, False: 0}
     for start, end in zip(marks, marks[1:], strict=False):
-        time_in[start.running] += end.time - start.time
+        time_in[start.running] += clock(end) - clock(start)
         updates_in[start.running] += end.step - start.step
     t_on = time_in[True] / updates_in[True]
     t_off = time_in[False] / updates_in[False]
     share_on = updates_in[True] / (updates_in[True] + updates_in[False])
     return 1 + share_on * (t_on / t_off - 1), 1e3 * t_on, 1e3 * t_off
+
+
+def steal_in_blocks(marks: list[Mark]) -> dict[int, tuple[float, float]]:
+    """Each CPU's steal share of its time in the off blocks and in the on blocks."""
+    shares = {}
+    for cpu in marks[0].steal:
+        steal = {True: 0, False: 0}
+        total = {True: 0, False: 0}
+        for start, end in zip(marks, marks[1:], strict=False):
+            steal[start.running] += end.steal[cpu][0] - start.steal[cpu][0]
+            total[start.running] += end.steal[cpu][1] - start.steal[cpu][1]
+        shares[cpu] = (steal[False] / max(1, total[False]), steal[True] / max(1, total[True]))
+    return shares
 
 
 def summary(ratios: list[float]) -> str:
@@ -350,10 +485,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--updates", type=int, default=60000)
     parser.add_argument("--runs", type=int, default=9)
     parser.add_argument("--warmup", type=int, default=6000)
-    parser.add_argument("--off", type=int, default=2000)
+    parser.add_argument("--off", type=int, default=1000)
     parser.add_argument("--on", type=int, default=4000)
     parser.add_argument("--poll-ms", type=float, default=2.0)
     parser.add_argument("--null", action="store_true", help="plain runs, the same schedule")
+    parser.add_argument(
+        "--spin",
+        action="store_true",
+        help="plain runs beside a process that keeps the mirror's CPU busy, stopped in off blocks",
+    )
     parser.add_argument(
         "--mirror-only",
         action="store_true",
@@ -371,9 +511,12 @@ def main(argv: list[str] | None = None) -> int:
     base = args.keep or Path(tempfile.mkdtemp(prefix="slhub-tracker-interleaved-"))
     base.mkdir(parents=True, exist_ok=True)
     recipe = tracked_recipe(base)
+    plain = args.null or args.spin
     what = "plain (null check)" if args.null else "W&B offline"
-    if args.mirror_only and not args.null:
-        what += ", mirror only"
+    if args.spin:
+        what = "plain, beside a spinner on the mirror's CPU"
+    if args.mirror_only:
+        what += ", kept off the mirror's CPU" if args.null else ", mirror only"
     print(
         f"sl_ddp: {args.updates} updates, {what}, {args.runs} run(s), blocks off {args.off} / "
         f"on {args.on} after {args.warmup}; {os.cpu_count()} CPUs; "
@@ -382,10 +525,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"slhub {source_digest()}", flush=True)
     ratios = []
+    own_ratios = []
     stopped_ms = []
     for index in range(args.runs):
         folder = base / f"run_{index}"
-        if args.null:
+        if plain:
             command = slhub_command(args.updates, folder, 1)
         else:
             command = recipe_command(args.updates, folder, 1, recipe)
@@ -394,22 +538,38 @@ def main(argv: list[str] | None = None) -> int:
             command,
             folder / "metrics.jsonl",
             switches,
-            tracked=not args.null,
-            free_threads=not args.mirror_only,
+            tracked=not plain,
+            free_threads=not args.mirror_only and not args.spin,
             poll_s=args.poll_ms / 1e3,
+            spin=args.spin,
+            off_top_cpu=args.null and args.mirror_only,
         )
         steal_after, total_after = cpu_ticks()
         steal = (steal_after - steal_before) / max(1, total_after - total_before)
         value, t_on, t_off = ratio(marks)
+        own, own_on, own_off = ratio(marks, update_thread_s)
+        _, wait_on, wait_off = ratio(marks, waiting_s)
+        _, blocked_on, blocked_off = ratio(marks, blocked_s)
         ratios.append(value)
+        own_ratios.append(own)
         stopped_ms.append(t_off)
+        shares = ", ".join(
+            f"CPU {cpu} {100 * off:.1f}% / {100 * on:.1f}%"
+            for cpu, (off, on) in steal_in_blocks(marks).items()
+        )
         print(
             f"run {index}: update {t_off:.3f} ms stopped, {t_on:.3f} ms running; ratio "
-            f"{value:.4f}; host steal {100 * steal:.1f}% of the CPUs' time",
+            f"{value:.4f}; the update thread's own time {own_off:.3f} / {own_on:.3f} ms, "
+            f"ratio {own:.4f}; waiting for a CPU {1e3 * wait_off:.1f} / {1e3 * wait_on:.1f} us, "
+            f"neither {1e3 * blocked_off:.1f} / {1e3 * blocked_on:.1f} us; "
+            f"host steal {100 * steal:.1f}% of the CPUs' time "
+            f"(stopped / running: {shares}); what is stopped used "
+            f"{100 * tracker_share(marks):.0f}% of a CPU while running",
             flush=True,
         )
     print(f"\nratio, {summary(ratios)}", flush=True)
-    if not args.null:  # the hand-off to the plugin, timed after the runs, on their CPUs
+    print(f"the update thread's own time, ratio, {summary(own_ratios)}", flush=True)
+    if not plain:  # the hand-off to the plugin, timed after the runs, on their CPUs
         per_line = hook_us_per_line()
         lines = lines_per_update(base / f"run_{args.runs - 1}" / "metrics.jsonl", args.updates)
         with_hook = [r + per_line * lines / (1e3 * t) for r, t in zip(ratios, stopped_ms)]
