@@ -72,6 +72,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -384,11 +385,8 @@ def cpu_used(pids: list[int]) -> int:
 
 def tracker_share(marks: list[Mark]) -> float:
     """The share of one CPU the mirror and W&B's processes used in the on blocks."""
-    ticks = seconds = 0.0
-    for start, end in zip(marks, marks[1:], strict=False):
-        if start.running:
-            ticks += end.tracker_ticks - start.tracker_ticks
-            seconds += end.time - start.time
+    seconds = in_blocks(marks, wall_s)[True]
+    ticks = in_blocks(marks, lambda mark: mark.tracker_ticks)[True]
     return ticks / os.sysconf("SC_CLK_TCK") / seconds if seconds else 0.0
 
 
@@ -408,15 +406,11 @@ def steal_per_cpu() -> dict[int, tuple[int, int]]:
 
 
 def cpu_ticks() -> tuple[int, int]:
-    """(steal, total) clock ticks of all CPUs so far (Linux ``/proc/stat``; 0, 0 elsewhere).
+    """(steal, total) clock ticks of all CPUs so far (:func:`steal_per_cpu` summed).
     Steal is time a virtual machine's CPU was ready to run and the host ran something
     else: where it is high, work on one CPU takes time from the others."""
-    try:
-        fields = Path("/proc/stat").read_text(encoding="ascii").split("\n", 1)[0].split()
-    except OSError:
-        return 0, 0
-    ticks = [int(value) for value in fields[1:9]]
-    return ticks[7], sum(ticks)
+    per_cpu = steal_per_cpu().values()
+    return sum(steal for steal, _ in per_cpu), sum(total for _, total in per_cpu)
 
 
 def lines_per_update(metrics: Path, updates: int) -> float:
@@ -443,14 +437,19 @@ def blocked_s(mark: Mark) -> float:
     return mark.time - (mark.run_ns + mark.wait_ns) / 1e9
 
 
+def in_blocks(marks: list[Mark], value: Callable[[Mark], float]) -> dict[bool, float]:
+    """How much ``value`` grew over the off blocks (False) and the on blocks (True)."""
+    grown = {True: 0.0, False: 0.0}
+    for start, end in pairwise(marks):
+        grown[start.running] += value(end) - value(start)
+    return grown
+
+
 def ratio(marks: list[Mark], clock: Callable[[Mark], float] = wall_s) -> tuple[float, float, float]:
     """(ratio, t_on, t_off) in ms per update from the blocks between consecutive marks,
     timed by ``clock`` (seconds): the wall clock, or the update thread's own time."""
-    time_in = {True: 0.0, False: 0.0}
-    updates_in = {True: 0, False: 0}
-    for start, end in zip(marks, marks[1:], strict=False):
-        time_in[start.running] += clock(end) - clock(start)
-        updates_in[start.running] += end.step - start.step
+    time_in = in_blocks(marks, clock)
+    updates_in = in_blocks(marks, lambda mark: mark.step)
     t_on = time_in[True] / updates_in[True]
     t_off = time_in[False] / updates_in[False]
     share_on = updates_in[True] / (updates_in[True] + updates_in[False])
@@ -461,11 +460,8 @@ def steal_in_blocks(marks: list[Mark]) -> dict[int, tuple[float, float]]:
     """Each CPU's steal share of its time in the off blocks and in the on blocks."""
     shares = {}
     for cpu in marks[0].steal:
-        steal = {True: 0, False: 0}
-        total = {True: 0, False: 0}
-        for start, end in zip(marks, marks[1:], strict=False):
-            steal[start.running] += end.steal[cpu][0] - start.steal[cpu][0]
-            total[start.running] += end.steal[cpu][1] - start.steal[cpu][1]
+        steal = in_blocks(marks, lambda mark, cpu=cpu: mark.steal[cpu][0])
+        total = in_blocks(marks, lambda mark, cpu=cpu: mark.steal[cpu][1])
         shares[cpu] = (steal[False] / max(1, total[False]), steal[True] / max(1, total[True]))
     return shares
 
