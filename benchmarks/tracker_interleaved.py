@@ -4,6 +4,8 @@
     OMP_NUM_THREADS=1 python benchmarks/tracker_interleaved.py              # 60000 updates, 9 runs
     OMP_NUM_THREADS=1 python benchmarks/tracker_interleaved.py --null       # the same, plain runs
     OMP_NUM_THREADS=1 python benchmarks/tracker_interleaved.py --spin       # a busy CPU instead
+    OMP_NUM_THREADS=1 python benchmarks/tracker_interleaved.py --paired --runs 20 --updates 30000 \
+        --warmup 3000 --off 200 --on 800                                     # what W&B's work costs
     OMP_NUM_THREADS=1 python benchmarks/tracker_interleaved.py --updates 8000 --warmup 2000 \
         --off 1000 --on 2000 --runs 1                                        # smoke
 
@@ -46,7 +48,11 @@ show the method's own noise; with ``--mirror-only`` the plain run keeps off the
 mirror's CPU, as the tracked one does. ``--spin`` runs plain runs beside a process that only
 keeps the mirror's CPU busy (the highest-numbered one, at the mirror's nice value),
 stopped in the off blocks, with the run kept off that CPU: what a busy neighbour
-CPU costs an update on the machine, whatever keeps it busy. With ``--mirror-only``
+CPU costs an update on the machine, whatever keeps it busy. ``--paired`` runs, in
+every round, a ``--mirror-only`` run and then its control, a ``--null --mirror-only``
+run, and prints the difference of their mean ratios with its standard error and a
+one-sided 95% bound: what W&B's work costs an update, the two kinds of run taken in
+turn so that the machine's drift over the hours falls on both alike. With ``--mirror-only``
 an off block only stops the mirror (rank 0's update thread keeps the CPUs the
 plugin gave it), which leaves out what keeping the update thread off the mirror's
 CPU does. This script starts on the highest-numbered CPU and moves onto the
@@ -476,6 +482,109 @@ def summary(ratios: list[float]) -> str:
     )
 
 
+@dataclass(frozen=True)
+class Mode:
+    """One kind of run this script launches and how it treats it."""
+
+    label: str
+    #: A run with the W&B plugin (else a plain run).
+    tracked: bool
+    #: Off blocks give the training threads every CPU (else they keep the plugin's).
+    free_threads: bool
+    #: A spinner stands where the mirror would run.
+    spin: bool = False
+    #: The run keeps off the highest-numbered CPU (the mirror's or the spinner's).
+    off_top_cpu: bool = False
+
+
+#: ``--paired``: W&B's work alone, then its control, in every round.
+PAIRED = (
+    Mode("W&B", tracked=True, free_threads=False),
+    Mode("plain", tracked=False, free_threads=False, off_top_cpu=True),
+)
+
+
+def chosen_modes(args: argparse.Namespace) -> tuple[Mode, ...]:
+    """The runs of one round: both of :data:`PAIRED`, or the one the flags name."""
+    if args.paired:
+        return PAIRED
+    plain = args.null or args.spin
+    label = "plain" if args.null else "W&B"
+    if args.spin:
+        label = "plain beside a spinner"
+    return (
+        Mode(
+            label,
+            tracked=not plain,
+            free_threads=not args.mirror_only and not args.spin,
+            spin=args.spin,
+            off_top_cpu=args.null and args.mirror_only,
+        ),
+    )
+
+
+@dataclass
+class Ratios:
+    """What one mode's runs measured."""
+
+    wall: list[float] = field(default_factory=list)
+    own: list[float] = field(default_factory=list)
+    stopped_ms: list[float] = field(default_factory=list)
+
+
+def measured_run(
+    mode: Mode, command: list[str], folder: Path, switches: list[tuple[int, bool]],
+    poll_s: float, into: Ratios,
+) -> str:  # fmt: skip
+    """Launch one run of ``mode``, add its ratios to ``into`` and say what it measured."""
+    steal_before, total_before = cpu_ticks()
+    marks = interleaved_run(
+        command, folder / "metrics.jsonl", switches, tracked=mode.tracked,
+        free_threads=mode.free_threads, poll_s=poll_s, spin=mode.spin,
+        off_top_cpu=mode.off_top_cpu,
+    )  # fmt: skip
+    steal_after, total_after = cpu_ticks()
+    steal = (steal_after - steal_before) / max(1, total_after - total_before)
+    value, t_on, t_off = ratio(marks)
+    own, own_on, own_off = ratio(marks, update_thread_s)
+    _, wait_on, wait_off = ratio(marks, waiting_s)
+    _, blocked_on, blocked_off = ratio(marks, blocked_s)
+    into.wall.append(value)
+    into.own.append(own)
+    into.stopped_ms.append(t_off)
+    shares = ", ".join(
+        f"CPU {cpu} {100 * off:.1f}% / {100 * on:.1f}%"
+        for cpu, (off, on) in steal_in_blocks(marks).items()
+    )
+    return (
+        f"update {t_off:.3f} ms stopped, {t_on:.3f} ms running; ratio "
+        f"{value:.4f}; the update thread's own time {own_off:.3f} / {own_on:.3f} ms, "
+        f"ratio {own:.4f}; waiting for a CPU {1e3 * wait_off:.1f} / {1e3 * wait_on:.1f} us, "
+        f"neither {1e3 * blocked_off:.1f} / {1e3 * blocked_on:.1f} us; "
+        f"host steal {100 * steal:.1f}% of the CPUs' time "
+        f"(stopped / running: {shares}); what is stopped used "
+        f"{100 * tracker_share(marks):.0f}% of a CPU while running"
+    )
+
+
+#: The standard normal's 95th percentile: a mean plus this many standard errors
+#: bounds it from above with 95% confidence.
+ONE_SIDED_95 = 1.645
+
+
+def difference(tracked: list[float], plain: list[float]) -> str:
+    """The tracked runs' mean ratio less the plain runs', with its standard error and
+    the one-sided 95% upper bound on it (normal approximation), in percent."""
+    error = (
+        statistics.variance(tracked) / len(tracked) + statistics.variance(plain) / len(plain)
+    ) ** 0.5
+    cost = statistics.mean(tracked) - statistics.mean(plain)
+    return (
+        f"{100 * cost:+.2f}% +- {100 * error:.2f}% (standard error), "
+        f"at most {100 * (cost + ONE_SIDED_95 * error):.2f}% (one-sided 95%)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--updates", type=int, default=60000)
@@ -495,11 +604,20 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="off blocks stop the mirror only; the update thread keeps the plugin's CPUs",
     )
+    parser.add_argument(
+        "--paired",
+        action="store_true",
+        help="each round: a --mirror-only run, then a --null --mirror-only run; their difference",
+    )
     parser.add_argument("--keep", type=Path, default=None, help="keep the run folders here")
     args = parser.parse_args(argv)
     for name in ("warmup", "off", "on"):
         if getattr(args, name) % SAVE_EVERY:
             parser.error(f"--{name} must be a multiple of the checkpoint interval {SAVE_EVERY}")
+    if args.paired and (args.null or args.spin or args.mirror_only):
+        parser.error("--paired runs its own two kinds of run: no --null, --spin or --mirror-only")
+    if args.paired and args.runs < 2:
+        parser.error("--paired needs --runs 2 or more for a standard error")
     switches = schedule(args.updates, args.warmup, args.off, args.on)
     if len(switches) < 3:
         parser.error("--updates leaves no off and on block after --warmup")
@@ -507,12 +625,14 @@ def main(argv: list[str] | None = None) -> int:
     base = args.keep or Path(tempfile.mkdtemp(prefix="slhub-tracker-interleaved-"))
     base.mkdir(parents=True, exist_ok=True)
     recipe = tracked_recipe(base)
-    plain = args.null or args.spin
-    what = "plain (null check)" if args.null else "W&B offline"
-    if args.spin:
-        what = "plain, beside a spinner on the mirror's CPU"
-    if args.mirror_only:
-        what += ", kept off the mirror's CPU" if args.null else ", mirror only"
+    modes = chosen_modes(args)
+    what = "W&B offline, mirror only, then a plain run kept off the mirror's CPU"
+    if not args.paired:
+        what = "plain (null check)" if args.null else "W&B offline"
+        if args.spin:
+            what = "plain, beside a spinner on the mirror's CPU"
+        if args.mirror_only:
+            what += ", kept off the mirror's CPU" if args.null else ", mirror only"
     print(
         f"sl_ddp: {args.updates} updates, {what}, {args.runs} run(s), blocks off {args.off} / "
         f"on {args.on} after {args.warmup}; {os.cpu_count()} CPUs; "
@@ -520,60 +640,38 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     print(f"slhub {source_digest()}", flush=True)
-    ratios = []
-    own_ratios = []
-    stopped_ms = []
+    measured = {mode: Ratios() for mode in modes}
     for index in range(args.runs):
-        folder = base / f"run_{index}"
-        if plain:
-            command = slhub_command(args.updates, folder, 1)
-        else:
-            command = recipe_command(args.updates, folder, 1, recipe)
-        steal_before, total_before = cpu_ticks()
-        marks = interleaved_run(
-            command,
-            folder / "metrics.jsonl",
-            switches,
-            tracked=not plain,
-            free_threads=not args.mirror_only and not args.spin,
-            poll_s=args.poll_ms / 1e3,
-            spin=args.spin,
-            off_top_cpu=args.null and args.mirror_only,
-        )
-        steal_after, total_after = cpu_ticks()
-        steal = (steal_after - steal_before) / max(1, total_after - total_before)
-        value, t_on, t_off = ratio(marks)
-        own, own_on, own_off = ratio(marks, update_thread_s)
-        _, wait_on, wait_off = ratio(marks, waiting_s)
-        _, blocked_on, blocked_off = ratio(marks, blocked_s)
-        ratios.append(value)
-        own_ratios.append(own)
-        stopped_ms.append(t_off)
-        shares = ", ".join(
-            f"CPU {cpu} {100 * off:.1f}% / {100 * on:.1f}%"
-            for cpu, (off, on) in steal_in_blocks(marks).items()
-        )
-        print(
-            f"run {index}: update {t_off:.3f} ms stopped, {t_on:.3f} ms running; ratio "
-            f"{value:.4f}; the update thread's own time {own_off:.3f} / {own_on:.3f} ms, "
-            f"ratio {own:.4f}; waiting for a CPU {1e3 * wait_off:.1f} / {1e3 * wait_on:.1f} us, "
-            f"neither {1e3 * blocked_off:.1f} / {1e3 * blocked_on:.1f} us; "
-            f"host steal {100 * steal:.1f}% of the CPUs' time "
-            f"(stopped / running: {shares}); what is stopped used "
-            f"{100 * tracker_share(marks):.0f}% of a CPU while running",
-            flush=True,
-        )
-    print(f"\nratio, {summary(ratios)}", flush=True)
-    print(f"the update thread's own time, ratio, {summary(own_ratios)}", flush=True)
-    if not plain:  # the hand-off to the plugin, timed after the runs, on their CPUs
+        for mode in modes:
+            name = "run" if mode is modes[0] else "plain"
+            folder = base / f"{name}_{index}"
+            if mode.tracked:
+                command = recipe_command(args.updates, folder, 1, recipe)
+            else:
+                command = slhub_command(args.updates, folder, 1)
+            said = measured_run(mode, command, folder, switches, args.poll_ms / 1e3, measured[mode])
+            prefix = f"{mode.label} " if args.paired else ""
+            print(f"{prefix}run {index}: {said}", flush=True)
+    for mode, ratios in measured.items():
+        prefix = f"{mode.label}: " if args.paired else ""
+        print(f"\n{prefix}ratio, {summary(ratios.wall)}", flush=True)
+        print(f"{prefix}the update thread's own time, ratio, {summary(ratios.own)}", flush=True)
+        if not mode.tracked:
+            continue
+        # the hand-off to the plugin, timed after the runs, on their CPUs
         per_line = hook_us_per_line()
         lines = lines_per_update(base / f"run_{args.runs - 1}" / "metrics.jsonl", args.updates)
-        with_hook = [r + per_line * lines / (1e3 * t) for r, t in zip(ratios, stopped_ms)]
+        ratios.wall = [
+            r + per_line * lines / (1e3 * t) for r, t in zip(ratios.wall, ratios.stopped_ms)
+        ]
         print(
             f"the plugin's on_log: {per_line:.3f} us a line, {lines:.3f} lines an update\n"
-            f"ratio with it, {summary(with_hook)}",
+            f"{prefix}ratio with it, {summary(ratios.wall)}",
             flush=True,
         )
+    if args.paired:
+        tracked, plain = (measured[mode].wall for mode in PAIRED)
+        print(f"\nW&B's work costs an update {difference(tracked, plain)}", flush=True)
     return 0
 
 
