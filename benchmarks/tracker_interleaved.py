@@ -487,6 +487,8 @@ class Mode:
     """One kind of run this script launches and how it treats it."""
 
     label: str
+    #: What the header line calls it.
+    what: str
     #: A run with the W&B plugin (else a plain run).
     tracked: bool
     #: Off blocks give the training threads every CPU (else they keep the plugin's).
@@ -499,8 +501,14 @@ class Mode:
 
 #: ``--paired``: W&B's work alone, then its control, in every round.
 PAIRED = (
-    Mode("W&B", tracked=True, free_threads=False),
-    Mode("plain", tracked=False, free_threads=False, off_top_cpu=True),
+    Mode("W&B", "W&B offline, mirror only", tracked=True, free_threads=False),
+    Mode(
+        "plain",
+        "plain, kept off the mirror's CPU",
+        tracked=False,
+        free_threads=False,
+        off_top_cpu=True,
+    ),
 )
 
 
@@ -509,12 +517,15 @@ def chosen_modes(args: argparse.Namespace) -> tuple[Mode, ...]:
     if args.paired:
         return PAIRED
     plain = args.null or args.spin
-    label = "plain" if args.null else "W&B"
+    label, what = ("plain", "plain (null check)") if args.null else ("W&B", "W&B offline")
     if args.spin:
-        label = "plain beside a spinner"
+        label, what = "plain beside a spinner", "plain, beside a spinner on the mirror's CPU"
+    if args.mirror_only:
+        what += ", kept off the mirror's CPU" if args.null else ", mirror only"
     return (
         Mode(
             label,
+            what,
             tracked=not plain,
             free_threads=not args.mirror_only and not args.spin,
             spin=args.spin,
@@ -626,13 +637,7 @@ def main(argv: list[str] | None = None) -> int:
     base.mkdir(parents=True, exist_ok=True)
     recipe = tracked_recipe(base)
     modes = chosen_modes(args)
-    what = "W&B offline, mirror only, then a plain run kept off the mirror's CPU"
-    if not args.paired:
-        what = "plain (null check)" if args.null else "W&B offline"
-        if args.spin:
-            what = "plain, beside a spinner on the mirror's CPU"
-        if args.mirror_only:
-            what += ", kept off the mirror's CPU" if args.null else ", mirror only"
+    what = ", then ".join(mode.what for mode in modes)
     print(
         f"sl_ddp: {args.updates} updates, {what}, {args.runs} run(s), blocks off {args.off} / "
         f"on {args.on} after {args.warmup}; {os.cpu_count()} CPUs; "
